@@ -1,0 +1,12 @@
+"""edge-eagle: EAGLE-3 / EAGLE-3.1 speculative decoding for GGUF models through llama.cpp."""
+
+__version__ = "0.1.0"
+
+from .api import EdgeEagle, Generation, Token  # noqa: E402
+from .drafter import Drafter, NgramDrafter, OracleDrafter  # noqa: E402
+from .errors import EdgeEagleError  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
+from .stats import SpecStats  # noqa: E402
+
+__all__ = ["EdgeEagle", "Generation", "Token", "Drafter", "NgramDrafter", "OracleDrafter", "EdgeEagleError",
+           "SamplingParams", "SpecStats"]

@@ -1,0 +1,141 @@
+"""The `edge-eagle` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from . import gguf_keys as K
+from .errors import EdgeEagleError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", default="default",
+                   help="eagle3 GGUF, 'ngram' (prompt lookup), 'none' (plain decoding) or 'default'")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
+    p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: up to 8)")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .api import EdgeEagle
+
+    with EdgeEagle(args.target, args.drafter, k=args.k, p_min=args.p_min, n_ctx=args.n_ctx,
+                   n_gpu_layers=args.gpu_layers, n_threads=args.threads) as ee:
+        kwargs: dict[str, Any] = dict(max_tokens=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                                      seed=args.seed, stop=args.stop or ())
+        use_chat = not args.raw and ee.target.chat_template
+        gen = (ee.chat([{"role": "user", "content": args.prompt}], **kwargs) if use_chat
+               else ee.generate(args.prompt, **kwargs))
+        for tok in gen:
+            if not args.json:
+                sys.stdout.write(tok.text)
+                sys.stdout.flush()
+        drafter = ee.drafter.name if ee.drafter is not None else "none"
+        if args.json:
+            print(json.dumps({"text": gen.text, "finish_reason": gen.finish_reason, "drafter": drafter,
+                              "target": os.path.basename(ee.target.path), "k": args.k,
+                              "stats": gen.stats.to_dict()}))
+        else:
+            s = gen.stats
+            print(f"\n\n[{drafter}] tau {s.tau:.2f}, accepted {s.accepted}/{s.drafted} drafts, "
+                  f"{s.tokens_per_second:.1f} tokens/s, finish: {gen.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def _describe(path: str) -> dict[str, Any]:
+    from .eagle import Eagle3Spec
+    from .gguf_file import read_gguf
+
+    g = read_gguf(path)
+    info: dict[str, Any] = {"file": os.path.basename(path), "architecture": g.arch,
+                            "vocab_size": g.vocab_size, "tensors": len(g.tensors)}
+    if g.arch == K.EAGLE3:
+        spec = Eagle3Spec.from_gguf(g)
+        info.update({"kind": "drafter", "version": spec.version, "hidden_size": spec.hidden_size,
+                     "target_hidden_size": spec.target_hidden_size, "target_layers": list(spec.target_layers),
+                     "draft_vocab_size": spec.draft_vocab_size, "fc_norm": spec.fc_norm,
+                     "norm_output": spec.norm_output, "norm_before_fc": spec.norm_before_fc,
+                     "norm_before_residual": spec.norm_before_residual, "own_embedding": spec.has_embedding,
+                     "own_lm_head": spec.has_lm_head})
+        for key in (K.LAYOUT, K.SOURCE, K.REVISION, K.CONVERTER_VERSION):
+            if key in g.meta:
+                info[key.split(".", 1)[1]] = g.meta[key]
+    else:
+        info.update({"kind": "target", "layers": g.get(K.BLOCK_COUNT), "hidden_size": g.get(K.EMBEDDING_LENGTH),
+                     "context_length": g.get(K.CONTEXT_LENGTH), "chat_template": K.CHAT_TEMPLATE in g.meta,
+                     "vocab_fingerprint": g.vocab_fingerprint()})
+    return info
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .eagle import check_pair
+    from .gguf_file import read_gguf
+
+    info = _describe(args.file)
+    if args.target:
+        info["target"] = _describe(args.target)
+        if info["kind"] != "drafter":
+            raise EdgeEagleError(f"{info['file']} is not a drafter; inspect a drafter with --target to check a pair.")
+        check_pair(read_gguf(args.file), read_gguf(args.target))
+        info["pair_fits"] = True
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            if isinstance(value, dict):
+                print(f"{key}:")
+                for k2, v2 in value.items():
+                    print(f"  {k2}: {v2}")
+            else:
+                print(f"{key}: {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
+                                     "for GGUF models through llama.cpp")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text, speculatively")
+    g.add_argument("prompt")
+    _add_model_args(g)
+    g.add_argument("-n", type=int, default=256, help="max tokens to generate (default 256)")
+    g.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy, the default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--k", type=int, default=4, help="draft length (default 4; 0: plain decoding)")
+    g.add_argument("--p-min", type=float, default=0.0, help="stop drafting below this drafter confidence")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target")
+    i.add_argument("file")
+    i.add_argument("--target", help="target GGUF to check the pair against")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except EdgeEagleError as e:
+        print(f"edge-eagle: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("\nedge-eagle: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""The EAGLE-3 / EAGLE-3.1 drafter, run by llama.cpp with EAGLE-3.1 finished on the host.
+
+llama.cpp runs the encoder (fc, plus norm_before_fc) and the one-layer decoder. Upstream
+has no EAGLE-3.1, so two things happen here, switched by GGUF metadata:
+- fc_norm: each captured layer's state gets its own RMSNorm before fc;
+- norm_output: the state fed to the next chain step is norm(h), not the pre-norm h.
+
+Pairing (NOTES §1): at position P the decoder consumes (token[P+1], g[P]). Rows whose
+next token is not known yet stay pending until propose() supplies it, and only rows the
+target accepted are ever run: after a verify the loop ingests just the accepted rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as C
+
+from . import _bindings as B
+from . import gguf_keys as K
+from ._llama import Memory, load_model, n_threads_default, new_context
+from .drafter import Drafter
+from .errors import EdgeEagleError, ModelFileError, PairMismatchError
+from .gguf_file import GGUFFile, read_gguf
+from .target import Target
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    """What a drafter GGUF says about itself, as the runtime needs it."""
+
+    hidden_size: int
+    target_hidden_size: int
+    target_layers: tuple[int, int, int]
+    draft_vocab_size: int
+    rms_eps: float
+    norm_before_residual: bool
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    has_embedding: bool
+    has_lm_head: bool
+    vocab_size: int
+    vocab_fingerprint: str | None
+
+    @property
+    def version(self) -> str:
+        return "EAGLE-3.1" if (self.fc_norm or self.norm_output) else "EAGLE-3"
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "Eagle3Spec":
+        name = g.path.name
+        if g.arch != K.EAGLE3:
+            raise ModelFileError(f"{name} is not an EAGLE-3 drafter (architecture '{g.arch}'); pass an eagle3 "
+                                 "GGUF made by `edge-eagle convert`, or --drafter none.")
+        layers = g.require(K.TARGET_LAYERS)
+        if len(layers) != 3:
+            raise ModelFileError(f"{name} names {len(layers)} target layers, not 3; re-convert it.")
+        for t in (K.T_FC, K.T_OUTPUT_NORM, K.T_ATTN_Q):
+            if t not in g.tensors:
+                raise ModelFileError(f"{name} lacks tensor '{t}'; re-convert it with `edge-eagle convert`.")
+        fc_norm = bool(g.meta.get(K.FC_NORM, False))
+        norm_before_fc = bool(g.get(K.NORM_BEFORE_FC, False))
+        if fc_norm and norm_before_fc:
+            raise ModelFileError(f"{name} sets both fc_norm and norm_before_fc; re-convert it with one of them.")
+        d2t = g.tensors.get(K.T_D2T)
+        return cls(
+            hidden_size=int(g.require(K.EMBEDDING_LENGTH)),
+            target_hidden_size=int(g.require(K.TARGET_HIDDEN_SIZE)),
+            target_layers=tuple(int(x) for x in layers),  # type: ignore[arg-type]
+            draft_vocab_size=int(d2t.shape[0]) if d2t else g.vocab_size,
+            rms_eps=float(g.require(K.RMS_EPS)),
+            norm_before_residual=bool(g.get(K.NORM_BEFORE_RESIDUAL, False)),
+            norm_before_fc=norm_before_fc,
+            fc_norm=fc_norm,
+            norm_output=bool(g.meta.get(K.NORM_OUTPUT, False)),
+            has_embedding=K.T_TOKEN_EMBD in g.tensors,
+            has_lm_head=K.T_OUTPUT in g.tensors,
+            vocab_size=g.vocab_size,
+            vocab_fingerprint=g.meta.get(K.TARGET_VOCAB_FINGERPRINT),
+        )
+
+
+def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
+    """Raise PairMismatchError unless this drafter fits this target; return its spec."""
+    spec = Eagle3Spec.from_gguf(drafter)
+    d, t = drafter.path.name, target.path.name
+    t_embd = int(target.require(K.EMBEDDING_LENGTH))
+    t_layers = int(target.require(K.BLOCK_COUNT))
+    hint = "use a drafter made for this target (or convert one with `edge-eagle convert --target`)."
+    if spec.target_hidden_size != t_embd:
+        raise PairMismatchError(f"{d} expects target hidden size {spec.target_hidden_size} but {t} has {t_embd}; {hint}")
+    fc = drafter.tensors[K.T_FC]
+    if fc.shape != (3 * t_embd, spec.hidden_size):
+        raise PairMismatchError(f"{d} has fc of shape {list(fc.shape)}, which does not fit {t}; {hint}")
+    bad = [lid for lid in spec.target_layers if not 0 < lid < t_layers]
+    if bad:
+        raise PairMismatchError(f"{d} captures target layers {list(spec.target_layers)} but {t} has {t_layers} "
+                                f"layers; {hint}")
+    if spec.vocab_size != target.vocab_size:
+        raise PairMismatchError(f"{d} has a vocabulary of {spec.vocab_size} tokens but {t} has "
+                                f"{target.vocab_size}; {hint}")
+    if spec.vocab_fingerprint and spec.vocab_fingerprint != target.vocab_fingerprint():
+        raise PairMismatchError(f"{d} was made for a different tokenizer than {t}'s (vocabulary fingerprints "
+                                f"differ); {hint}")
+    if (not spec.has_embedding or not spec.has_lm_head) and spec.hidden_size != t_embd:
+        raise PairMismatchError(f"{d} borrows the target's embedding or lm_head but its hidden size "
+                                f"{spec.hidden_size} differs from {t}'s {t_embd}; {hint}")
+    if not spec.has_lm_head and spec.draft_vocab_size != target.vocab_size:
+        raise PairMismatchError(f"{d} has a draft vocabulary but no lm_head of its own; re-convert it.")
+    if K.T_D2T in drafter.tensors:
+        d2t = drafter.tensor_array(K.T_D2T)
+        if d2t.min() < 0 or d2t.max() >= target.vocab_size or len(np.unique(d2t)) != len(d2t):
+            raise PairMismatchError(f"{d} maps draft tokens outside {t}'s vocabulary or twice; re-convert it.")
+    return spec
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis, in float32 like llama.cpp."""
+    x = x.astype(np.float32, copy=False)
+    scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * scale * weight).astype(np.float32)
+
+
+class EagleDrafter(Drafter):
+    """An eagle3 GGUF in a second llama.cpp context that borrows from the target's."""
+
+    needs_features = True
+
+    def __init__(self, path: str | os.PathLike[str], target: Target, *, n_gpu_layers: int = 0,
+                 n_threads: int | None = None, gguf: GGUFFile | None = None):
+        self.path = os.fspath(path)
+        self.gguf = gguf or read_gguf(self.path)
+        self.spec = check_pair(self.gguf, target.gguf)
+        self.name = f"{self.spec.version} ({os.path.basename(self.path)})"
+        self.target_layers = self.spec.target_layers
+        self.n_embd = self.spec.hidden_size
+        self.n_vocab = target.n_vocab
+        self.n_batch = 512
+        eps = self.spec.rms_eps
+        self._eps = eps
+        if self.spec.fc_norm:
+            self._fc_norm_w = [np.asarray(self.gguf.meta[K.FC_NORM_WEIGHTS.format(i=i)], np.float32)
+                               for i in range(3)]
+            if any(w.shape != (self.spec.target_hidden_size,) for w in self._fc_norm_w):
+                raise ModelFileError(f"{os.path.basename(self.path)} has fc_norm weights of the wrong size; "
+                                     "re-convert it.")
+        if self.spec.norm_output:
+            self._out_norm_w = self.gguf.tensor_array(K.T_OUTPUT_NORM).astype(np.float32)
+
+        threads = n_threads or n_threads_default()
+        self.model = load_model(self.path, n_gpu_layers)
+        self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
+                               n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
+                               n_threads_batch=threads, no_perf=True, ctx_other=target.ctx)
+        B.llama_set_embeddings_nextn(self.ctx, True, True)
+        self.memory = Memory(self.ctx)
+        self._batch = C.llama_batch_ext_init(self.ctx)
+        self._pos = C.llama_pos(0)
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.memory.clear()
+        self._pend_feats: list[np.ndarray] = []
+        self._pend_tokens: list[int] = []
+        self._pend_pos0 = 0
+        self._pend_rows = 0
+
+    def ingest(self, features: np.ndarray, pos0: int, tokens: Sequence[int]) -> None:
+        if len(features) == 0:
+            return
+        if self._pend_rows and pos0 != self._pend_pos0 + self._pend_rows:
+            raise RuntimeError(f"drafter rows must be contiguous: expected pos {self._pend_pos0 + self._pend_rows}, "
+                               f"got {pos0}")
+        if not self._pend_rows:
+            self._pend_pos0 = pos0
+        # the token at pos0 completes the previous pending row, if one waits for it
+        self._pend_tokens.extend(int(t) for t in (tokens if self._pend_rows else tokens[1:]))
+        self._pend_feats.append(np.array(features, dtype=np.float32, copy=True))
+        self._pend_rows += len(features)
+
+    # --- llama.cpp calls -----------------------------------------------------------------
+
+    def _prepare_features(self, feats: np.ndarray) -> np.ndarray:
+        if not self.spec.fc_norm:
+            return np.ascontiguousarray(feats, dtype=np.float32)
+        h = self.spec.target_hidden_size
+        parts = [rms_norm(feats[:, i * h:(i + 1) * h], self._fc_norm_w[i], self._eps) for i in range(3)]
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+    def encode(self, feats: np.ndarray) -> np.ndarray:
+        """fc (and norm_before_fc / fc_norm) of target features [n, 3H_t] -> g [n, H]."""
+        feats = self._prepare_features(feats)
+        n, width = feats.shape
+        out = np.empty((n, self.n_embd), np.float32)
+        for lo in range(0, n, self.n_batch):
+            hi = min(n, lo + self.n_batch)
+            C.llama_batch_ext_clear(self._batch)
+            for i in range(lo, hi):
+                row = feats[i]
+                idx = C.llama_batch_ext_add_embd(self._batch, 0, C.llama_embd(
+                    row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, width))
+                self._pos.value = i
+                C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+                C.llama_batch_ext_set_output_logits(self._batch, idx, True)
+            rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_ENCODE, self._batch)
+            if rc != 0:
+                raise EdgeEagleError(f"The drafter's encoder failed with code {rc}; check the drafter file.")
+            out[lo:hi] = np.ctypeslib.as_array(B.llama_get_embeddings_nextn(self.ctx), shape=(hi - lo, self.n_embd))
+        return out
+
+    def decode(self, tokens: Sequence[int], g: np.ndarray, pos0: int) -> tuple[np.ndarray, np.ndarray]:
+        """Decoder rows (tokens[i], g[i]) at pos0+i; logits [n_vocab] and pre-norm h [H] of the last."""
+        n = len(tokens)
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        # The eagle3 decoder graph has no out_ids, so llama.cpp copies its FIRST n_outputs rows:
+        # a short batch marks every row as output and reads the last; a long one (prefill) runs
+        # all but the last row without outputs, then the last row alone.
+        if n <= self._all_outputs_max:
+            self._decode_rows(tokens, g, pos0, 0, n, outputs=True)
+            last = n - 1
+        else:
+            for lo in range(0, n - 1, self.n_batch):
+                self._decode_rows(tokens, g, pos0, lo, min(n - 1, lo + self.n_batch), outputs=False)
+            self._decode_rows(tokens, g, pos0, n - 1, n, outputs=True)
+            last = 0
+        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, last), shape=(self.n_vocab,))
+        h = np.ctypeslib.as_array(B.llama_get_embeddings_nextn_ith(self.ctx, last), shape=(self.n_embd,))
+        return logits, h.copy()
+
+    _all_outputs_max = 16
+
+    def _decode_rows(self, tokens: Sequence[int], g: np.ndarray, pos0: int, lo: int, hi: int,
+                     outputs: bool) -> None:
+        C.llama_batch_ext_clear(self._batch)
+        for i in range(lo, hi):
+            idx = C.llama_batch_ext_add_token(self._batch, 0, int(tokens[i]))
+            self._pos.value = pos0 + i
+            C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+            C.llama_batch_ext_set_embd_token(self._batch, idx, C.llama_embd(
+                g[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
+            if outputs:
+                C.llama_batch_ext_set_output_logits(self._batch, idx, True)
+        rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
+
+    def carry(self, h: np.ndarray) -> np.ndarray:
+        """The state fed to the next chain step: h (EAGLE-3) or norm(h) (EAGLE-3.1 norm_output)."""
+        if self.spec.norm_output:
+            return rms_norm(h, self._out_norm_w, self._eps)
+        return h
+
+    # --- proposing -----------------------------------------------------------------------
+
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+        return self.propose_with_logits(tokens, k, p_min)[0]
+
+    def propose_with_logits(self, tokens: Sequence[int], k: int,
+                            p_min: float = 0.0) -> tuple[list[int], list[np.ndarray]]:
+        """Greedy chain of up to k drafts, with the drafter's logits at each step."""
+        if not self._pend_rows:
+            raise RuntimeError("propose() needs ingested target features first")
+        n_past = len(tokens) - 1
+        if self._pend_pos0 + self._pend_rows != n_past:
+            raise RuntimeError(f"drafter holds rows up to {self._pend_pos0 + self._pend_rows}, sequence is at {n_past}")
+        toks = self._pend_tokens + [int(tokens[-1])]
+        feats = np.concatenate(self._pend_feats) if len(self._pend_feats) > 1 else self._pend_feats[0]
+        pos0 = self._pend_pos0
+        self.memory.remove_from(pos0)  # drop chain rows of the last proposal
+        g = self.encode(feats)
+        self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
+        logits, h = self.decode(toks, g, pos0)
+        drafts: list[int] = []
+        all_logits: list[np.ndarray] = []
+        pos = n_past - 1  # the row just decoded; chain rows follow it
+        while k > 0:
+            d = int(np.argmax(logits))
+            if p_min > 0.0:
+                z = logits - logits[d]
+                if 1.0 / np.exp(z[np.isfinite(z)]).sum() < p_min:
+                    break
+            drafts.append(d)
+            all_logits.append(logits.copy())
+            if len(drafts) == k:
+                break
+            pos += 1
+            logits, h = self.decode([d], self.carry(h)[None, :], pos)
+        return drafts, all_logits
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            C.llama_batch_ext_free(self._batch)
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            C.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

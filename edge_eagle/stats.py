@@ -1,0 +1,103 @@
+"""Acceptance and timing statistics, named as in NOTES §7.
+
+- tau (mean acceptance length) = 1 + accepted / verify_steps (the bonus token counts)
+- per-position acceptance rate i = (#steps whose draft i was accepted) / (#steps that drafted i)
+- draft acceptance rate = accepted / drafted
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position
+    accepted_at: list[int] = field(default_factory=list)
+    k_history: list[int] = field(default_factory=list)  # draft length of each step
+    generated: int = 0  # tokens emitted
+    prompt_tokens: int = 0
+    t_prefill: float = 0.0
+    t_verify: float = 0.0  # target decodes after prefill
+    t_draft: float = 0.0  # drafter work (ingest, encode, chain)
+    t_total: float = 0.0  # generation wall time after prefill
+
+    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+        self.verify_steps += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        self.k_history.append(n_drafted)
+        while len(self.drafted_at) < n_drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(n_drafted):
+            self.drafted_at[i] += 1
+            if i < n_accepted:
+                self.accepted_at[i] += 1
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.accepted / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def t_overhead(self) -> float:
+        return max(0.0, self.t_total - self.t_verify - self.t_draft)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.t_total if self.t_total > 0 else 0.0
+
+    def merge(self, other: "SpecStats") -> None:
+        """Add another request's figures into these running totals."""
+        self.verify_steps += other.verify_steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for i in range(len(other.drafted_at)):
+            if i >= len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += other.drafted_at[i]
+            self.accepted_at[i] += other.accepted_at[i]
+        self.k_history.extend(other.k_history)
+        self.generated += other.generated
+        self.prompt_tokens += other.prompt_tokens
+        for name in ("t_prefill", "t_verify", "t_draft", "t_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        total = self.t_total or 1.0
+        return {
+            "tau": round(self.tau, 4),
+            "verify_steps": self.verify_steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+            "generated_tokens": self.generated,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "time_s": {
+                "prefill": round(self.t_prefill, 5),
+                "verify": round(self.t_verify, 5),
+                "draft": round(self.t_draft, 5),
+                "overhead": round(self.t_overhead, 5),
+                "total": round(self.t_total, 5),
+            },
+            "time_share": {
+                "verify": round(self.t_verify / total, 4),
+                "draft": round(self.t_draft / total, 4),
+                "overhead": round(self.t_overhead / total, 4),
+            },
+        }

@@ -1,0 +1,208 @@
+"""The target model: a llama.cpp context that decodes batches and captures the inputs of
+the drafter's three target layers for every token of each decode.
+
+Two capture paths, picked automatically from the GGUF architecture:
+- "layer_inp": llama.cpp's staging API (llama_set/get_embeddings_layer_inp), for graphs
+  that export layer inputs (gguf_keys.LAYER_INPUT_ARCHS);
+- "callback": the scheduler's eval callback, copying tensor ``l_out-(il-1)`` (the output
+  of layer il-1 is the input of layer il); works on any graph, costs ~1 µs per node.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as C
+
+from . import _bindings as B
+from . import gguf_keys as K
+from ._llama import Memory, load_model, n_threads_default, new_context
+from .errors import EdgeEagleError, ModelFileError
+from .gguf_file import GGUFFile, read_gguf
+
+
+@dataclass
+class DecodeResult:
+    logits: np.ndarray  # [n_rows_with_logits, n_vocab], a view valid until the next decode
+    features: np.ndarray | None  # [n_tokens, 3 * n_embd] captured layer inputs, or None
+
+
+class Target:
+    """A target GGUF loaded in llama.cpp, sequence 0 only."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, capture: str = "auto",
+                 gguf: GGUFFile | None = None):
+        self.path = os.fspath(path)
+        self.gguf = gguf or read_gguf(self.path)
+        if self.gguf.arch == K.EAGLE3:
+            raise ModelFileError(f"{os.path.basename(self.path)} is an EAGLE-3 drafter, not a target; "
+                                 "pass it with --drafter and give a target model with --target.")
+        if capture not in ("auto", "layer_inp", "callback"):
+            raise EdgeEagleError(f"Unknown capture path '{capture}'; use auto, layer_inp or callback.")
+        self.capture_path = capture
+        if capture == "auto":
+            self.capture_path = "layer_inp" if self.gguf.arch in K.LAYER_INPUT_ARCHS else "callback"
+        self.n_layer = int(self.gguf.require(K.BLOCK_COUNT))
+        self.n_embd = int(self.gguf.require(K.EMBEDDING_LENGTH))
+        train_ctx = int(self.gguf.get(K.CONTEXT_LENGTH, n_ctx) or n_ctx)
+        self.n_ctx = min(n_ctx, train_ctx) if n_ctx > 0 else train_ctx
+        self.n_batch = n_batch
+        self.capture_layers: tuple[int, ...] = ()
+        self._captured: dict[str, list[np.ndarray]] = {}
+        self._cb_keepalive: Any = None
+        threads = n_threads or n_threads_default()
+
+        self.model = load_model(self.path, n_gpu_layers)
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        fields: dict[str, Any] = dict(n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                      n_threads=threads, n_threads_batch=threads, no_perf=True)
+        if self.capture_path == "callback":
+            self._cb_keepalive = B.eval_callback_type(self._eval_callback)
+            fields["cb_eval"] = self._cb_keepalive
+        self.ctx = new_context(self.model, os.path.basename(self.path), **fields)
+        self.memory = Memory(self.ctx)
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._out = np.ctypeslib.as_array(ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)),
+                                          shape=(n_batch,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self.eos = int(C.llama_vocab_eos(self.vocab))
+        self.chat_template: str | None = self.gguf.get(K.CHAT_TEMPLATE)
+
+    # --- capture -----------------------------------------------------------------------
+
+    def set_capture(self, layer_ids: Sequence[int]) -> None:
+        """Capture the inputs of these layers on every later decode (empty: capture nothing)."""
+        layer_ids = tuple(int(i) for i in layer_ids)
+        for lid in layer_ids:
+            if not 0 <= lid < self.n_layer:
+                raise EdgeEagleError(f"Layer {lid} is outside the target's {self.n_layer} layers; "
+                                     "use a drafter made for this target.")
+            if self.capture_path == "callback" and lid == 0:
+                raise EdgeEagleError("The eval-callback capture path cannot capture layer 0; "
+                                     "use a drafter whose target layers start at 1 or later.")
+        if self.capture_path == "layer_inp":
+            for lid in self.capture_layers:
+                B.llama_set_embeddings_layer_inp(self.ctx, lid, False)
+            for lid in layer_ids:
+                B.llama_set_embeddings_layer_inp(self.ctx, lid, True)
+        self.capture_layers = layer_ids
+        self._wanted = {f"l_out-{lid - 1}".encode(): lid for lid in layer_ids}
+        self._captured = {}
+
+    def _eval_callback(self, t: int, ask: bool, user_data: int) -> bool:
+        tensor = ctypes.cast(t, ctypes.POINTER(B.ggml_tensor)).contents
+        if ask:
+            return tensor.name in self._wanted
+        if tensor.name in self._wanted and tensor.type == 0:  # GGML_TYPE_F32
+            ne0, ne1 = tensor.ne[0], tensor.ne[1]
+            out = np.empty((ne1, ne0), dtype=np.float32)
+            B.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
+            self._captured.setdefault(tensor.name, []).append(out)
+        return True
+
+    def _features(self, n_tokens: int) -> np.ndarray | None:
+        if not self.capture_layers:
+            return None
+        if self.capture_path == "layer_inp":
+            parts = [np.ctypeslib.as_array(B.llama_get_embeddings_layer_inp(self.ctx, lid),
+                                           shape=(n_tokens, self.n_embd)) for lid in self.capture_layers]
+        else:
+            parts = []
+            for name, lid in self._wanted.items():
+                chunks = self._captured.pop(name, [])
+                got = np.concatenate(chunks) if chunks else np.empty((0, self.n_embd), np.float32)
+                if got.shape != (n_tokens, self.n_embd):
+                    raise RuntimeError(f"eval callback captured {got.shape} for layer {lid}, expected "
+                                       f"{(n_tokens, self.n_embd)}")
+                parts.append(got)
+        return np.concatenate(parts, axis=1)
+
+    # --- decoding ----------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], pos0: int, logits: str = "last") -> DecodeResult:
+        """Decode tokens at positions pos0.. in one batch (n <= n_batch).
+
+        logits: "last" for the last row only, "all" for every row.
+        """
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"decode takes 1..{self.n_batch} tokens, got {n}")
+        if pos0 + n > self.n_ctx:
+            raise EdgeEagleError(f"The context window ({self.n_ctx} tokens) is full; start a new chat or "
+                                 "raise n_ctx.")
+        self._tok[:n] = tokens
+        self._pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self._out[:n] = 1 if logits == "all" else 0
+        self._out[n - 1] = 1
+        self._batch.n_tokens = n
+        rc = C.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            raise EdgeEagleError(f"llama_decode failed with code {rc}; the context may be full, start a new chat.")
+        n_out = n if logits == "all" else 1
+        rows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab))
+        return DecodeResult(rows, self._features(n))
+
+    def prefill(self, tokens: Sequence[int], pos0: int = 0) -> DecodeResult:
+        """Decode a long prompt in n_batch chunks; logits of the last token, features of all."""
+        feats = []
+        res = None
+        for i in range(0, len(tokens), self.n_batch):
+            res = self.decode(tokens[i:i + self.n_batch], pos0 + i, "last")
+            if res.features is not None:
+                feats.append(res.features.copy())
+        assert res is not None
+        return DecodeResult(res.logits, np.concatenate(feats) if feats else None)
+
+    # --- text --------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return "".join(dec.decode(self.token_bytes(t)) for t in tokens) + dec.decode(b"", final=True)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            C.llama_batch_free(self._batch)
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            C.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
