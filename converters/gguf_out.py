@@ -62,7 +62,7 @@ METADATA_TENSORS = {f"fc_norm.{i}.weight" for i in range(3)}
 D2T = "d2t"
 
 
-def _copy_tokenizer(w: GGUFWriter, target: GGUFFile) -> None:
+def copy_tokenizer(w: GGUFWriter, target: GGUFFile) -> None:
     for key, (vtype, item) in target.types.items():
         if not key.startswith(K.TOKENIZER_PREFIX):
             continue
@@ -119,7 +119,7 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
         w.add_string(K.CONVERTER_VERSION, CONVERTER_VERSION)
         for key, value in (provenance or {}).items():
             w.add_string(f"edge_eagle.{key}", str(value))
-        _copy_tokenizer(w, target)
+        copy_tokenizer(w, target)
 
         for src, (dst, transform, quantizable) in TENSOR_TABLE.items():
             if src not in weights:

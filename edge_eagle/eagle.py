@@ -194,8 +194,11 @@ class EagleDrafter(Drafter):
         parts = [rms_norm(feats[:, i * h:(i + 1) * h], self._fc_norm_w[i], self._eps) for i in range(3)]
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
-    def encode(self, feats: np.ndarray) -> np.ndarray:
-        """fc (and norm_before_fc / fc_norm) of target features [n, 3H_t] -> g [n, H]."""
+    def encode(self, feats: np.ndarray, pos0: int) -> np.ndarray:
+        """fc (and norm_before_fc / fc_norm) of target features [n, 3H_t] -> g [n, H].
+
+        The encoder ignores positions, but llama.cpp checks them against the KV memory:
+        they must continue from its last position, so pass the rows' real positions."""
         feats = self._prepare_features(feats)
         n, width = feats.shape
         out = np.empty((n, self.n_embd), np.float32)
@@ -206,7 +209,7 @@ class EagleDrafter(Drafter):
                 row = feats[i]
                 idx = C.llama_batch_ext_add_embd(self._batch, 0, C.llama_embd(
                     row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, width))
-                self._pos.value = i
+                self._pos.value = pos0 + i - lo  # every chunk continues from the same memory state
                 C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
                 C.llama_batch_ext_set_output_logits(self._batch, idx, True)
             rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_ENCODE, self._batch)
@@ -274,7 +277,7 @@ class EagleDrafter(Drafter):
         feats = np.concatenate(self._pend_feats) if len(self._pend_feats) > 1 else self._pend_feats[0]
         pos0 = self._pend_pos0
         self.memory.remove_from(pos0)  # drop chain rows of the last proposal
-        g = self.encode(feats)
+        g = self.encode(feats, pos0)
         self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
         logits, h = self.decode(toks, g, pos0)
         drafts: list[int] = []

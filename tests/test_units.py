@@ -1,0 +1,108 @@
+"""Small components: the GGUF reader, the metric definitions, the samplers, the n-gram drafter."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from edge_eagle.drafter import NgramDrafter
+from edge_eagle.errors import ModelFileError
+from edge_eagle.gguf_file import read_gguf
+from edge_eagle.sampling import Sampler, SamplingParams
+from edge_eagle.stats import SpecStats
+
+
+# --- GGUF reader -------------------------------------------------------------------------
+
+def test_reader_matches_gguf_py(tiny_drafters):
+    from gguf import GGUFReader
+
+    path = tiny_drafters["eagle3.1"][0]
+    ours, theirs = read_gguf(path), GGUFReader(path)
+    assert set(ours.tensors) == {t.name for t in theirs.tensors}
+    for t in theirs.tensors:
+        assert ours.tensors[t.name].shape == tuple(int(x) for x in t.shape)
+        assert ours.tensors[t.name].offset == t.data_offset
+    assert ours.value("tokenizer.ggml.tokens") == [bytes(theirs.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+                                                   for i in theirs.fields["tokenizer.ggml.tokens"].data]
+    assert list(ours.meta["eagle3.target_layers"]) == [2, 4, 5]
+
+
+def test_fingerprint_depends_on_the_token_list(tiny_target, tiny_drafters):
+    assert read_gguf(tiny_target).vocab_fingerprint() == read_gguf(tiny_drafters["eagle3"][0]).vocab_fingerprint()
+
+
+@pytest.mark.parametrize("patch", [
+    (4, struct.pack("<I", 99)),  # version
+    (8, struct.pack("<Q", 2**40)),  # tensor count
+    (16, struct.pack("<Q", 2**40)),  # kv count
+    (24, struct.pack("<Q", 2**50)),  # first key length
+])
+def test_reader_rejects_corrupt_headers(tmp_path, tiny_drafters, patch):
+    data = bytearray(tiny_drafters["eagle3"][0].read_bytes())
+    off, raw = patch
+    data[off:off + len(raw)] = raw
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError):
+        read_gguf(bad)
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+def test_metric_definitions():
+    s = SpecStats()
+    s.record_step(3, 3)  # all accepted
+    s.record_step(3, 1)  # first accepted
+    s.record_step(2, 0)
+    s.record_step(0, 0)  # a plain step
+    assert s.tau == pytest.approx(1 + 4 / 4)
+    assert s.acceptance_rate == pytest.approx(4 / 8)
+    assert s.per_position_acceptance == pytest.approx([2 / 3, 1 / 3, 1 / 2])
+    total = SpecStats()
+    total.merge(s)
+    total.merge(s)
+    assert total.per_position_acceptance == pytest.approx(s.per_position_acceptance)
+    assert total.drafted == 16
+
+
+# --- sampling ----------------------------------------------------------------------------
+
+def test_greedy_verify():
+    logits = np.zeros((4, 10), np.float32)
+    for row, best in enumerate([3, 5, 7, 1]):
+        logits[row, best] = 1.0
+    s = Sampler(SamplingParams())
+    assert s.verify(logits, [3, 5, 7]) == (3, 1)
+    assert s.verify(logits, [3, 4, 7]) == (1, 5)
+    assert s.verify(logits[:1], []) == (0, 3)
+
+
+def test_speculative_sampling_preserves_the_target_distribution():
+    """Chi-square test, 40k draws, p > 1e-3 required: the first emitted token after a
+    (deterministic) draft d follows p exactly, whether d is likely or not."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 12)).astype(np.float32) * 1.5
+    params = SamplingParams(temperature=0.8, top_k=10, top_p=0.95, seed=1)
+    sampler = Sampler(params)
+    p = sampler.probs(logits[0])
+    for draft in (int(np.argmax(p)), int(np.argsort(p)[-4])):
+        counts = np.zeros(12)
+        for _ in range(40_000):
+            n_acc, nxt = sampler.verify(logits, [draft])
+            counts[draft if n_acc == 1 else nxt] += 1
+        support = p > 0
+        assert counts[~support].sum() == 0
+        assert st.chisquare(counts[support], p[support] * counts.sum()).pvalue > 1e-3
+
+
+# --- prompt lookup -----------------------------------------------------------------------
+
+def test_ngram_drafter_copies_what_followed_the_last_match():
+    d = NgramDrafter(max_ngram=3)
+    assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], 3) == [4, 5, 9]
+    assert d.propose([7, 8, 9], 3) == []
+    assert d.propose([5, 6, 5], 2) == [6, 5]
