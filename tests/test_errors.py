@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,5 +135,9 @@ def test_bad_drafter_leaves_no_target_loaded(tiny_target, tiny_drafters):
     assert after == before
 
 
-def test_console_script_is_installed():
-    assert shutil.which("edge-eagle") is not None, "run `pip install -e .`"
+def test_console_script_reports_errors_the_same_way(tmp_path):
+    script = Path(sys.executable).parent / "edge-eagle"
+    assert script.exists(), "run `pip install -e .`"
+    proc = subprocess.run([str(script), "inspect", str(tmp_path / "nope.gguf")], capture_output=True, text=True,
+                          timeout=120)
+    assert_clean_error(proc, "does not exist")
