@@ -74,8 +74,13 @@ def copy_tokenizer(w: GGUFWriter, target: GGUFFile) -> None:
 
 def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray], cfg: Eagle3Config,
                  target: GGUFFile, *, outtype: str = "f32", provenance: Mapping[str, str] | None = None,
-                 name: str = "eagle3 drafter", progress: bool = False) -> Path:
-    """Write atomically: the file appears complete at `out`, or not at all."""
+                 name: str = "eagle3 drafter", progress: bool = False, upstream_only: bool = False) -> Path:
+    """Write atomically: the file appears complete at `out`, or not at all.
+
+    upstream_only writes exactly what upstream's convert_hf_to_gguf.py writes (no
+    edge_eagle.* keys), which cannot express EAGLE-3.1."""
+    if upstream_only and (cfg.fc_norm or cfg.norm_output):
+        raise EdgeEagleError("An upstream-only GGUF cannot carry EAGLE-3.1 fc_norm/norm_output; drop upstream_only.")
     if outtype not in OUTTYPES:
         raise EdgeEagleError(f"Unknown --outtype '{outtype}'; use one of {', '.join(OUTTYPES)}.")
     qtype = OUTTYPES[outtype]
@@ -109,16 +114,17 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
         w.add_uint32(K.TARGET_HIDDEN_SIZE, cfg.target_hidden_size)
         w.add_bool(K.NORM_BEFORE_RESIDUAL, cfg.norm_before_residual)
         w.add_bool(K.NORM_BEFORE_FC, cfg.norm_before_fc)
-        w.add_bool(K.FC_NORM, cfg.fc_norm)
-        w.add_bool(K.NORM_OUTPUT, cfg.norm_output)
-        if cfg.fc_norm:
-            for i in range(3):
-                w.add_array(K.FC_NORM_WEIGHTS.format(i=i), np.asarray(weights[f"fc_norm.{i}.weight"],
-                                                                     np.float32).tolist())
-        w.add_string(K.TARGET_VOCAB_FINGERPRINT, target.vocab_fingerprint())
-        w.add_string(K.CONVERTER_VERSION, CONVERTER_VERSION)
-        for key, value in (provenance or {}).items():
-            w.add_string(f"edge_eagle.{key}", str(value))
+        if not upstream_only:
+            w.add_bool(K.FC_NORM, cfg.fc_norm)
+            w.add_bool(K.NORM_OUTPUT, cfg.norm_output)
+            if cfg.fc_norm:
+                for i in range(3):
+                    w.add_array(K.FC_NORM_WEIGHTS.format(i=i), np.asarray(weights[f"fc_norm.{i}.weight"],
+                                                                         np.float32).tolist())
+            w.add_string(K.TARGET_VOCAB_FINGERPRINT, target.vocab_fingerprint())
+            w.add_string(K.CONVERTER_VERSION, CONVERTER_VERSION)
+            for key, value in (provenance or {}).items():
+                w.add_string(f"edge_eagle.{key}", str(value))
         copy_tokenizer(w, target)
 
         for src, (dst, transform, quantizable) in TENSOR_TABLE.items():

@@ -63,6 +63,11 @@ class Eagle3Spec:
         for t in (K.T_FC, K.T_OUTPUT_NORM, K.T_ATTN_Q):
             if t not in g.tensors:
                 raise ModelFileError(f"{name} lacks tensor '{t}'; re-convert it with `edge-eagle convert`.")
+        # llama.cpp GGML_ASSERTs (aborts the process) on these at decode time: refuse them here
+        if int(g.require(K.BLOCK_COUNT)) != 1:
+            raise ModelFileError(f"{name} has {g.get(K.BLOCK_COUNT)} decoder layers; an EAGLE-3 drafter has exactly 1.")
+        if g.get(K.KEY_LENGTH, 0) != g.get(K.VALUE_LENGTH, 0):
+            raise ModelFileError(f"{name} has different key and value head sizes, which llama.cpp's eagle3 cannot run.")
         fc_norm = bool(g.meta.get(K.FC_NORM, False))
         norm_before_fc = bool(g.get(K.NORM_BEFORE_FC, False))
         if fc_norm and norm_before_fc:

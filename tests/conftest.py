@@ -15,6 +15,7 @@ VARIANTS = {
     "norm_before_residual": {"norm_before_residual": True},
     "norm_before_fc": {"norm_before_fc": True},
     "own_embedding": {"has_embedding": True},
+    "upstream_keys_only": {"upstream_only": True},  # as upstream's convert_hf_to_gguf.py writes
 }
 
 
@@ -38,3 +39,14 @@ def tiny_drafters(tiny_dir: Path, tiny_target: Path) -> dict:
     """variant -> (gguf path, torch reference)"""
     return {name: make_drafter(tiny_dir / f"tiny-{name}.gguf", tiny_target, seed=i + 1, **flags)
             for i, (name, flags) in enumerate(VARIANTS.items())}
+
+
+@pytest.fixture(scope="session")
+def qwen2_target(tiny_dir: Path) -> Path:
+    """An architecture whose llama.cpp graph exports no layer inputs: the eval-callback path."""
+    return write_tiny_target(tiny_dir / "tiny-qwen2.gguf", seed=4, arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen2_drafter(tiny_dir: Path, qwen2_target: Path) -> tuple:
+    return make_drafter(tiny_dir / "tiny-qwen2-eagle3.1.gguf", qwen2_target, seed=9, fc_norm=True, norm_output=True)

@@ -112,3 +112,12 @@ def test_smollm_is_lossless(smollm, tmp_path):
         _, spec = _run(ee, prompt, 64, add_special=False)
         assert ee.last_stats.drafted > 0
         assert_lossless(ee.target, toks, plain, spec)
+
+
+def test_qwen2_target_uses_the_callback_path_and_is_lossless(qwen2_target, qwen2_drafter):
+    with EdgeEagle(qwen2_target, qwen2_drafter[0], k=4) as ee:
+        assert ee.target.capture_path == "callback"
+        toks, plain = _run(ee, PROMPTS[0], 40, speculative=False)
+        _, spec = _run(ee, PROMPTS[0], 40)
+        assert ee.last_stats.drafted > 0
+        assert_lossless(ee.target, toks, plain, spec)

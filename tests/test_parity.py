@@ -89,3 +89,26 @@ def test_smollm_sized_drafter_matches_reference(smollm, tmp_path):
     finally:
         drafter.close()
         target.close()
+
+
+def test_parity_through_the_callback_capture_path(qwen2_target, qwen2_drafter):
+    path, model = qwen2_drafter
+    target = Target(qwen2_target, n_ctx=256)
+    drafter = EagleDrafter(path, target)
+    try:
+        assert target.capture_path == "callback"
+        target.set_capture(drafter.target_layers)
+        prompt = target.tokenize("Callbacks capture the residual stream")
+        res = target.prefill(prompt)
+        drafter.ingest(res.features, 0, prompt)
+        _compare(drafter, model, res.features, prompt + [int(np.argmax(res.logits[-1]))], k=5)
+    finally:
+        drafter.close()
+        target.close()
+
+
+def test_upstream_keys_only_drafter_runs_as_eagle3(tiny_drafters):
+    from edge_eagle.gguf_file import read_gguf
+
+    g = read_gguf(tiny_drafters["upstream_keys_only"][0])
+    assert not [k for k in g.meta if k.startswith("edge_eagle.")]

@@ -21,25 +21,26 @@ def smollm_path() -> Path:
     return defaults.default_target()
 
 
-def write_tiny_target(path: Path, seed: int = 0, **overrides: int) -> Path:
-    """A llama-arch GGUF: TINY sizes, random f32 weights, SmolLM2's tokenizer and chat template."""
+def write_tiny_target(path: Path, seed: int = 0, arch: str = "llama", **overrides: int) -> Path:
+    """A GGUF of `arch` (llama or qwen2): TINY sizes, random f32 weights, SmolLM2's tokenizer
+    and chat template."""
     cfg = {**TINY, **overrides}
     tok_src = read_gguf(smollm_path())
     rng = np.random.default_rng(seed)
     h, f, nl = cfg["hidden"], cfg["ffn"], cfg["n_layer"]
     hd = h // cfg["heads"]
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
     w.add_string("general.name", "tiny test target")
-    w.add_uint32("llama.block_count", nl)
-    w.add_uint32("llama.context_length", 2048)
-    w.add_uint32("llama.embedding_length", h)
-    w.add_uint32("llama.feed_forward_length", f)
-    w.add_uint32("llama.attention.head_count", cfg["heads"])
-    w.add_uint32("llama.attention.head_count_kv", cfg["kv_heads"])
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg["eps"])
-    w.add_float32("llama.rope.freq_base", cfg["rope_theta"])
-    w.add_uint32("llama.rope.dimension_count", hd)
-    w.add_uint32("llama.vocab_size", tok_src.vocab_size)
+    w.add_uint32(f"{arch}.block_count", nl)
+    w.add_uint32(f"{arch}.context_length", 2048)
+    w.add_uint32(f"{arch}.embedding_length", h)
+    w.add_uint32(f"{arch}.feed_forward_length", f)
+    w.add_uint32(f"{arch}.attention.head_count", cfg["heads"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", cfg["kv_heads"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["eps"])
+    w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
+    w.add_uint32(f"{arch}.rope.dimension_count", hd)
+    w.add_uint32(f"{arch}.vocab_size", tok_src.vocab_size)
     copy_tokenizer(w, tok_src)
 
     def lin(out_f: int, in_f: int) -> np.ndarray:
@@ -78,7 +79,7 @@ def drafter_config(target: GGUFFile, draft_vocab: int = 2048, **flags: bool) -> 
                         rms_norm_eps=1e-5, **flags)
 
 
-def make_drafter(path: Path, target_path: Path, seed: int = 0, draft_vocab: int = 2048,
+def make_drafter(path: Path, target_path: Path, seed: int = 0, draft_vocab: int = 2048, upstream_only: bool = False,
                  **flags: bool) -> tuple[Path, Eagle3Reference]:
     """A random eagle3 drafter for this target, written to GGUF; returns the path and the reference."""
     target = read_gguf(target_path)
@@ -86,5 +87,5 @@ def make_drafter(path: Path, target_path: Path, seed: int = 0, draft_vocab: int 
     embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array("token_embd.weight"))
     d2t = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
     model = random_reference(cfg, seed=seed, embed=embed, d2t=d2t)
-    write_eagle3(path, reference_weights(model), cfg, target)
+    write_eagle3(path, reference_weights(model), cfg, target, upstream_only=upstream_only)
     return path, model
