@@ -138,6 +138,8 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
                     w.add_tensor(dst, quantize(data, qtype), raw_dtype=qtype)
             else:
                 w.add_tensor(dst, np.ascontiguousarray(data, dtype=np.float32))
+        if cfg.rope_freq_factors is not None:
+            w.add_tensor("rope_freqs.weight", np.asarray(cfg.rope_freq_factors, dtype=np.float32))
         if D2T in weights:
             w.add_tensor(K.T_D2T, np.asarray(weights[D2T], dtype=np.int64).reshape(-1),
                          raw_dtype=GGMLQuantizationType.I64)

@@ -96,6 +96,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from converters import convert
+
+    norm_output = None if args.norm_output is None else args.norm_output == "true"
+    report = convert(args.src, args.target, args.output, outtype=args.outtype, fmt=args.format,
+                     revision=args.revision, verify=args.verify, norm_output=norm_output,
+                     progress=not args.json, log=(lambda m: None) if args.json else
+                     (lambda m: print(m, file=sys.stderr)))
+    if args.json:
+        print(json.dumps({"output": str(report.output), "layout": report.layout,
+                          "version": "EAGLE-3.1" if report.config.fc_norm or report.config.norm_output
+                          else "EAGLE-3", "target_layers": list(report.config.target_layers),
+                          "assumptions": report.assumptions, "verify": report.verify}))
+    if report.verify is not None and not report.verify["ok"]:
+        print(f"edge-eagle: verification failed: relative logit error {report.verify['relative_error']:.3g} "
+              f"> {report.verify['tolerance']}; try --outtype f32 or check the layout.", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
@@ -115,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("convert", help="convert an EAGLE-3 / EAGLE-3.1 checkpoint to an eagle3 GGUF")
+    c.add_argument("src", help="checkpoint directory or Hugging Face repo id")
+    c.add_argument("--target", required=True, help="the target GGUF the drafter is for")
+    c.add_argument("-o", "--output", required=True, help="output .gguf")
+    c.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
+    c.add_argument("--format", help="force a layout: nemo, speculators, eagle3-v3, eagle3.1, specforge, safeailab")
+    c.add_argument("--revision", help="Hub revision (branch, tag or commit) to pin")
+    c.add_argument("--norm-output", choices=["true", "false"], help="override the checkpoint's norm_output")
+    c.add_argument("--verify", action="store_true", help="compare llama.cpp logits with the torch reference")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_convert)
 
     i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target")
     i.add_argument("file")

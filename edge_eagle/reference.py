@@ -37,11 +37,16 @@ class Eagle3Config:
     fc_norm: bool = False
     norm_output: bool = False
     has_embedding: bool = False
+    rope_freq_factors: tuple[float, ...] | None = None  # llama3 rope scaling: theta_i / factor_i
 
     def __post_init__(self) -> None:
         if not self.head_dim:
             self.head_dim = self.hidden_size // self.num_attention_heads
         self.target_layers = tuple(int(x) for x in self.target_layers)  # type: ignore[assignment]
+        if self.rope_freq_factors is not None:
+            self.rope_freq_factors = tuple(float(x) for x in self.rope_freq_factors)
+            if len(self.rope_freq_factors) != self.head_dim // 2:
+                raise ValueError("rope_freq_factors needs head_dim / 2 entries")
         if self.fc_norm and self.norm_before_fc:
             raise ValueError("fc_norm and norm_before_fc are exclusive")
 
@@ -70,6 +75,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
         self.o_proj = nn.Linear(self.n_head * d, h, bias=False)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        if cfg.rope_freq_factors is not None:
+            inv = inv / torch.tensor(cfg.rope_freq_factors, dtype=torch.float64)
         self.register_buffer("inv_freq", inv.float(), persistent=False)
 
     def rope(self, x: Tensor, pos: Tensor) -> Tensor:
@@ -207,6 +214,25 @@ def reference_chain(model: Eagle3Reference, feats: Tensor, tokens: Sequence[int]
         if step + 1 < k:
             h = model.layer(torch.tensor([[d]]), model.carry(h), torch.tensor([[n + step]]), cache)
     return drafts, torch.stack(logits)
+
+
+def llama3_rope_factors(rope_theta: float, head_dim: int, scaling: dict) -> tuple[float, ...]:
+    """Per-frequency divisors of Llama 3.1's rope scaling (llama.cpp's rope_freqs tensor)."""
+    factor = float(scaling.get("factor", 8.0))
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * rope_theta ** (i / head_dim)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
 
 
 def random_reference(cfg: Eagle3Config, seed: int = 0, embed: Tensor | None = None, scale: float = 1.0,

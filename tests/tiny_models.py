@@ -89,3 +89,95 @@ def make_drafter(path: Path, target_path: Path, seed: int = 0, draft_vocab: int 
     model = random_reference(cfg, seed=seed, embed=embed, d2t=d2t)
     write_eagle3(path, reference_weights(model), cfg, target, upstream_only=upstream_only)
     return path, model
+
+
+# --- published-checkpoint layouts, written from a reference model -------------------------
+
+LAYOUT_FLAGS = {  # Eagle3Config flags each layout's fixture exercises
+    "safeailab": {},
+    "specforge": {},
+    "eagle3.1": {"fc_norm": True, "norm_output": True},
+    "speculators": {"norm_before_residual": True},
+    "eagle3-v3": {"norm_before_fc": True},
+    "nemo": {"fc_norm": True, "norm_output": True, "has_embedding": True},
+}
+
+
+def _layout_name(layout: str, name: str) -> str:
+    if layout == "speculators" and name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    if layout == "nemo":
+        if name.startswith("midlayer."):
+            return "model.layers.0." + name[len("midlayer."):]
+        if name not in ("lm_head.weight", "d2t", "t2d"):
+            return "model." + name
+    return name
+
+
+def write_checkpoint(directory: Path, layout: str, model: Eagle3Reference, *, weights: str = "safetensors",
+                     config_overrides: dict | None = None) -> Path:
+    """A checkpoint directory as `layout` publishes it: HF d2t offsets, t2d, its config.json."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    c = model.cfg
+    sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    d2t_abs = sd.pop("d2t")
+    sd["d2t"] = d2t_abs - np.arange(len(d2t_abs))  # HF convention: offsets
+    t2d = np.zeros(c.vocab_size, dtype=bool)
+    t2d[d2t_abs] = True
+    sd["t2d"] = t2d
+    tensors = {_layout_name(layout, k): v for k, v in sd.items()}
+    arch = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "num_hidden_layers": 1,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size}
+    eagle = {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size}
+    ids = list(c.target_layers)
+    if layout == "safeailab":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **arch, **eagle,
+                  "eagle_aux_hidden_state_layer_ids": ids}
+    elif layout in ("specforge", "eagle3.1"):
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **arch, **eagle,
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}}
+        if layout == "eagle3.1":
+            config.update(fc_norm=True, norm_output=True)
+    elif layout == "speculators":
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": {**arch, "model_type": "llama"}, **eagle,
+                  "eagle_aux_hidden_state_layer_ids": ids}  # norm_before_residual: default true
+    elif layout == "eagle3-v3":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **arch, **eagle, "norm_before_fc": True,
+                  "eagle_aux_hidden_state_layer_ids": ids}
+    elif layout == "nemo":
+        config = {"architectures": ["LlamaForCausalLM"], **arch, **eagle, "norm_output": True,
+                  "eagle_aux_hidden_state_layer_ids": ids}
+    else:
+        raise ValueError(layout)
+    config.update(config_overrides or {})
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    if weights == "safetensors":
+        save_file(tensors, str(directory / "model.safetensors"))
+    elif weights == "sharded":
+        names = sorted(tensors)
+        half = len(names) // 2
+        shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+        for fname, part in shards.items():
+            save_file({n: tensors[n] for n in part}, str(directory / fname))
+        index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif weights == "bin":
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()},
+                   directory / "pytorch_model.bin")
+    return directory
+
+
+def layout_reference(layout: str, target_path: Path, seed: int = 0) -> Eagle3Reference:
+    target = read_gguf(target_path)
+    cfg = drafter_config(target, 2048, **LAYOUT_FLAGS[layout])
+    cfg.target_layers = (2, 3, 5)  # not the default: the converter must read them from config.json
+    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array("token_embd.weight"))
+    d2t = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))[:2048].sort().values
+    return random_reference(cfg, seed=seed, embed=embed, d2t=d2t)

@@ -1,0 +1,273 @@
+"""`edge-eagle convert`: an EAGLE-3 / EAGLE-3.1 checkpoint plus a target GGUF -> an eagle3 GGUF.
+
+    from converters import convert
+    report = convert("path/or/owner-repo", "target.gguf", "drafter.gguf", outtype="f16", verify=True)
+
+Everything the target must agree with (hidden size, layer count, vocabulary) is checked
+before anything is written; the write is atomic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from edge_eagle import gguf_keys as K
+from edge_eagle.errors import EdgeEagleError, ModelFileError
+from edge_eagle.gguf_file import GGUFFile, read_gguf
+
+from . import layouts as L
+from .gguf_out import OUTTYPES, write_eagle3
+from .sources import Checkpoint, load_checkpoint
+
+# Max relative logit error (|llama.cpp - reference| / max(1, max |reference logit|)) that
+# --verify accepts per outtype. Measured on the EAGLE-3.1 test fixture: f32 4.9e-4, f16 1.3e-3,
+# bf16 6.6e-3, q8_0 2.1e-2.
+TOLERANCE = {"f32": 2e-3, "f16": 1e-2, "bf16": 5e-2, "q8_0": 5e-2}
+
+_REQUIRED = ["fc.weight", "norm.weight", "lm_head.weight"] + [f"midlayer.{n}.weight" for n in (
+    "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+_OPTIONAL = ["embed_tokens.weight", "d2t", "input_norm.weight"] + [f"fc_norm.{i}.weight" for i in range(3)]
+
+
+@dataclass
+class ConvertReport:
+    output: Path
+    layout: str
+    config: Any  # reference.Eagle3Config
+    assumptions: list[str] = field(default_factory=list)
+    verify: dict[str, Any] | None = None
+
+
+def _err(msg: str) -> EdgeEagleError:
+    return EdgeEagleError(msg)
+
+
+def _first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    return default
+
+
+def _layer_ids(layout: L.Layout, config: Mapping[str, Any], n_layer: int, notes: list[str]) -> tuple[int, int, int]:
+    for path, outputs in layout.ids_key_paths:
+        ids = L.find_config_key(config, path)
+        if ids is None:
+            continue
+        if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) for i in ids)):
+            raise _err(f"{'.'.join(path)} must list 3 layer ids, found {ids!r}; fix the checkpoint's config.json.")
+        if outputs:
+            notes.append(f"aux layer ids {ids} from {'.'.join(path)} use the output-of-layer convention "
+                         f"(SpecForge); stored as layer-input ids {[i + 1 for i in ids]}")
+            return tuple(i + 1 for i in ids)  # type: ignore[return-value]
+        notes.append(f"aux layer ids {ids} from {'.'.join(path)} taken as layer-input ids")
+        return tuple(ids)  # type: ignore[return-value]
+    ids = (2, n_layer // 2, n_layer - 3)
+    notes.append(f"no aux layer ids in config.json: using the EAGLE-3 default {list(ids)} for {n_layer} layers")
+    return ids
+
+
+def build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
+                 notes: list[str], norm_output: bool | None = None):
+    from edge_eagle.reference import Eagle3Config, llama3_rope_factors
+
+    cfg = dict(ckpt.config)
+    if layout.arch_config:
+        nested = cfg.get(layout.arch_config)
+        if not isinstance(nested, Mapping):
+            raise _err(f"config.json lacks '{layout.arch_config}', which the {layout.name} layout needs.")
+        cfg = {**nested, **{k: v for k, v in cfg.items() if k != layout.arch_config}}
+    eagle_cfg = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
+    t_embd, t_layers = int(target.require(K.EMBEDDING_LENGTH)), int(target.require(K.BLOCK_COUNT))
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        ffn = int(cfg["intermediate_size"])
+    except (KeyError, TypeError, ValueError):
+        raise _err("config.json lacks hidden_size, num_attention_heads or intermediate_size; "
+                   "it is not an EAGLE-3 drafter config.") from None
+    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    rope_theta = float(_first(cfg, "rope_theta", default=_first(rope_params, "rope_theta", default=0.0)) or
+                       target.get(K.ROPE_FREQ_BASE, 10000.0))
+    scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type") not in (None, "default")
+                                          else None)
+    factors = None
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            raise _err(f"rope scaling '{kind}' is not supported yet; only llama3 scaling converts.")
+        factors = llama3_rope_factors(rope_theta, head_dim, scaling)
+        notes.append("llama3 rope scaling written as rope_freqs")
+    target_hidden = int(_first(cfg, "target_hidden_size", default=t_embd))
+    if target_hidden != t_embd:
+        raise _err(f"The drafter was trained for target hidden size {target_hidden} but "
+                   f"{target.path.name} has {t_embd}; pass the target it was made for.")
+    ids = _layer_ids(layout, ckpt.config, t_layers, notes)
+    bad = [i for i in ids if not 0 < i < t_layers]
+    if bad:
+        raise _err(f"Layer ids {list(ids)} lie outside {target.path.name}'s {t_layers} layers; "
+                   "pass the target the drafter was made for.")
+    flag = lambda key, default=False: bool(_first(cfg, key, default=_first(eagle_cfg, key,  # noqa: E731
+                                                                            default=layout.defaults.get(key, default))))
+    fc_norm = "fc_norm.0.weight" in tensors
+    if flag("fc_norm") and not fc_norm:
+        raise _err("config.json sets fc_norm but the checkpoint has no fc_norm.{0,1,2}.weight tensors; "
+                   "re-export the checkpoint.")
+    norm_before_fc = flag("norm_before_fc") or "input_norm.weight" in tensors
+    if fc_norm and norm_before_fc:
+        raise _err("The checkpoint has both per-layer fc_norm and norm_before_fc; a drafter uses one of them.")
+    if norm_before_fc and "input_norm.weight" not in tensors:
+        raise _err("config.json sets norm_before_fc but the checkpoint has no input_norm.weight; re-export it.")
+    n_out = flag("norm_output") if norm_output is None else norm_output
+    if norm_output is None and n_out and layout.name in ("specforge", "eagle3.1"):
+        notes.append("norm_output=true read as EAGLE-3.1 (norm(h) fed back between chain steps); SpecForge "
+                     "checkpoints from before its PR #879 meant only the lm_head input: convert those with "
+                     "--norm-output false")
+    nbr = flag("norm_before_residual")
+    if layout.defaults.get("norm_before_residual") and "norm_before_residual" not in cfg:
+        notes.append("norm_before_residual not in config.json: speculators' default true assumed")
+    lm_rows = tensors["lm_head.weight"].shape[0] if "lm_head.weight" in tensors else 0
+    draft_vocab = int(_first(cfg, "draft_vocab_size", default=lm_rows))
+    vocab = int(_first(cfg, "vocab_size", default=target.vocab_size))
+    if vocab != target.vocab_size and "d2t" not in tensors:
+        raise _err(f"The drafter's vocabulary ({vocab}) differs from {target.path.name}'s ({target.vocab_size}); "
+                   "pass the target it was made for.")
+    return Eagle3Config(
+        hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
+        num_key_value_heads=int(_first(cfg, "num_key_value_heads", default=heads)), head_dim=head_dim,
+        target_hidden_size=t_embd, vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
+        target_layers=ids, rms_norm_eps=float(_first(cfg, "rms_norm_eps", default=1e-6)), rope_theta=rope_theta,
+        max_position_embeddings=int(_first(cfg, "max_position_embeddings", default=4096)),
+        norm_before_residual=nbr, norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=n_out,
+        has_embedding="embed_tokens.weight" in tensors, rope_freq_factors=factors)
+
+
+def expected_shapes(c) -> dict[str, tuple[int, ...]]:
+    h, ht, hd = c.hidden_size, c.target_hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    shapes = {
+        "fc.weight": (h, 3 * ht), "norm.weight": (h,), "lm_head.weight": (c.draft_vocab_size, h),
+        "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h), "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h), "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, h), "midlayer.mlp.up_proj.weight": (c.intermediate_size, h),
+        "midlayer.mlp.down_proj.weight": (h, c.intermediate_size),
+        "embed_tokens.weight": (c.vocab_size, h), "d2t": (c.draft_vocab_size,), "input_norm.weight": (3 * ht,),
+    }
+    shapes.update({f"fc_norm.{i}.weight": (ht,) for i in range(3)})
+    return shapes
+
+
+def canonical_tensors(ckpt: Checkpoint, layout: L.Layout) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, value in ckpt.tensors.items():
+        if name in L.IGNORED_TENSORS:
+            continue
+        out[L.rename(layout, name)] = value
+    missing = [n for n in _REQUIRED if n not in out]
+    unexpected = sorted(set(out) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing:
+        raise _err(f"The checkpoint lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} for the "
+                   f"{layout.name} layout; check --format or re-export the checkpoint.")
+    if unexpected:
+        raise _err(f"The checkpoint has tensors the {layout.name} layout does not know: "
+                   f"{', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}; check --format.")
+    return out
+
+
+def absolute_d2t(d2t: np.ndarray, vocab: int) -> np.ndarray:
+    """HF checkpoints store offsets (target = draft + d2t[draft]); GGUF stores absolute ids."""
+    d2t = np.asarray(d2t).reshape(-1).astype(np.int64)
+    ids = d2t + np.arange(len(d2t), dtype=np.int64)
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise _err(f"d2t maps draft tokens to ids outside the target vocabulary (0..{vocab - 1}); "
+                   "the checkpoint does not fit this target.")
+    if len(np.unique(ids)) != len(ids):
+        raise _err("d2t maps two draft tokens to the same target token; the checkpoint is corrupt.")
+    return ids
+
+
+def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: str | os.PathLike[str], *,
+            outtype: str = "f16", fmt: str | None = None, revision: str | None = None, verify: bool = False,
+            norm_output: bool | None = None, progress: bool = False,
+            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ConvertReport:
+    if outtype not in OUTTYPES:
+        raise _err(f"Unknown --outtype '{outtype}'; use one of {', '.join(OUTTYPES)}.")
+    if fmt is not None and fmt not in L.BY_NAME:
+        raise _err(f"Unknown --format '{fmt}'; use one of {', '.join(L.BY_NAME)}.")
+    if Path(target).is_dir():
+        raise _err(f"{target} is a directory; pass the target's GGUF file (HF target directories are not "
+                   "supported yet).")
+    tgt = read_gguf(target)
+    if tgt.arch == K.EAGLE3:
+        raise ModelFileError(f"{tgt.path.name} is a drafter, not a target; pass the target model's GGUF.")
+    if not tgt.vocab_size:
+        raise ModelFileError(f"{tgt.path.name} has no tokenizer; pass a complete target GGUF.")
+    ckpt = load_checkpoint(src, revision)
+    names = set(ckpt.tensors)
+    layout = L.BY_NAME[fmt] if fmt else L.detect(names, ckpt.config)
+    if layout is None:
+        found = sorted({n.split(".")[0] + ("." + n.split(".")[1] if n.count(".") > 1 else "") for n in names})[:6]
+        expected = ", ".join(sorted({f"{l.tensor_mark}* ({l.name})" for l in L.LAYOUTS}))
+        raise _err(f"Unknown checkpoint layout: found tensors {found}, expected one of {expected}; "
+                   "pass --format to choose one.")
+    notes: list[str] = []
+    tensors = canonical_tensors(ckpt, layout)
+    cfg = build_config(ckpt, layout, tensors, tgt, notes, norm_output)
+    for name, value in tensors.items():
+        want = expected_shapes(cfg)[name]
+        if tuple(value.shape) != want:
+            raise _err(f"Tensor {name} has shape {list(value.shape)} but this drafter on {tgt.path.name} needs "
+                       f"{list(want)}; pass the target the drafter was made for.")
+    if "d2t" in tensors:
+        tensors["d2t"] = absolute_d2t(tensors["d2t"], tgt.vocab_size)
+    elif cfg.draft_vocab_size != tgt.vocab_size:
+        raise _err(f"The drafter has a {cfg.draft_vocab_size}-token draft vocabulary but no d2t mapping; "
+                   "re-export the checkpoint with d2t.")
+    if not cfg.has_embedding:
+        notes.append("no embed_tokens in the checkpoint: the drafter borrows the target's token embedding")
+    # reported once everything is validated, so a refused input prints only its error line
+    log(f"layout: {layout.name} ({layout.description}){' [--format]' if fmt else ' [detected]'}")
+    for note in notes:
+        log(f"assumption: {note}")
+    provenance = {"source": ckpt.source, "layout": layout.name}
+    if ckpt.revision:
+        provenance["revision"] = ckpt.revision
+    path = write_eagle3(out, tensors, cfg, tgt, outtype=outtype, provenance=provenance, progress=progress,
+                        name=f"{Path(ckpt.source).name} (eagle3)")
+    log(f"wrote {path} ({'EAGLE-3.1' if cfg.fc_norm or cfg.norm_output else 'EAGLE-3'}, {outtype}, "
+        f"target layers {list(cfg.target_layers)})")
+    report = ConvertReport(path, layout.name, cfg, notes)
+    if verify:
+        report.verify = verify_conversion(path, tgt, tensors, cfg, outtype)
+        v = report.verify
+        log(f"verify: max abs logit error {v['max_abs_error']:.3g} (relative {v['relative_error']:.3g}, "
+            f"tolerance {v['tolerance']}), top-1 agreement {v['top1_agreement']:.1%}")
+    return report
+
+
+def verify_conversion(path: Path, target: GGUFFile, tensors: Mapping[str, np.ndarray], cfg, outtype: str) -> dict:
+    import torch
+
+    from edge_eagle.parity import verify_drafter
+    from edge_eagle.reference import Eagle3Reference
+
+    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
+    model = Eagle3Reference(cfg, embed)
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "d2t"]:
+        raise RuntimeError(f"reference does not take {unexpected or missing}")
+    c = verify_drafter(path, target.path, model)
+    tol = TOLERANCE[outtype]
+    return {"max_abs_error": c.max_abs_error, "relative_error": c.relative_error, "top1_agreement": c.top1_agreement,
+            "tolerance": tol, "ok": c.relative_error <= tol}

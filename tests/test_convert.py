@@ -1,0 +1,222 @@
+"""`edge-eagle convert`: every layout converts, loads in llama.cpp and matches the reference
+logits of the model the checkpoint was written from; every bad input is refused cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from converters import convert
+from converters.convert import TOLERANCE
+from edge_eagle import EdgeEagle
+from edge_eagle.errors import EdgeEagleError
+from edge_eagle.gguf_file import read_gguf
+from edge_eagle.parity import verify_drafter
+from tests.test_errors import assert_clean_error, cli
+from tests.tiny_models import LAYOUT_FLAGS, layout_reference, write_checkpoint
+
+quiet = dict(log=lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_target):
+    return {layout: layout_reference(layout, tiny_target, seed=i + 20) for i, layout in enumerate(LAYOUT_FLAGS)}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, references):
+    root = tmp_path_factory.mktemp("ckpt")
+    return {layout: write_checkpoint(root / layout, layout, model) for layout, model in references.items()}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUT_FLAGS))
+def test_layout_converts_and_matches_the_source_model(layout, checkpoints, references, tiny_target, tmp_path):
+    out = tmp_path / f"{layout}.gguf"
+    logs: list[str] = []
+    report = convert(checkpoints[layout], tiny_target, out, outtype="f32", log=logs.append)
+    assert report.layout == layout, "detected from content"
+    assert any(line.startswith("layout: ") for line in logs)
+    cfg, src = report.config, references[layout].cfg
+    assert cfg.target_layers == src.target_layers
+    for flag in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual", "has_embedding"):
+        assert getattr(cfg, flag) == getattr(src, flag), flag
+    c = verify_drafter(out, tiny_target, references[layout])
+    assert c.relative_error <= TOLERANCE["f32"] and c.top1_agreement == 1.0
+    g = read_gguf(out)
+    assert g.meta["edge_eagle.layout"] == layout
+    assert g.meta["edge_eagle.target_vocab_fingerprint"] == read_gguf(tiny_target).vocab_fingerprint()
+    # and it runs speculatively, lossless against plain decoding
+    with EdgeEagle(tiny_target, out, k=3) as ee:
+        plain = ee.generate("Once upon a time", max_tokens=20, speculative=False).result().tokens
+        assert ee.generate("Once upon a time", max_tokens=20).result().tokens == plain
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
+def test_outtypes_stay_within_tolerance(outtype, checkpoints, references, tiny_target, tmp_path):
+    out = tmp_path / f"d-{outtype}.gguf"
+    report = convert(checkpoints["eagle3.1"], tiny_target, out, outtype=outtype, verify=True, **quiet)
+    assert report.verify["ok"], report.verify
+    c = verify_drafter(out, tiny_target, references["eagle3.1"])
+    assert c.relative_error <= TOLERANCE[outtype]
+    sizes = {t.type.name for t in read_gguf(out).tensors.values()}
+    assert {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}[outtype] in sizes
+
+
+@pytest.mark.parametrize("weights", ["sharded", "bin"])
+def test_sharded_safetensors_and_weights_only_bin(weights, references, tiny_target, tmp_path):
+    ckpt = write_checkpoint(tmp_path / weights, "specforge", references["specforge"], weights=weights)
+    out = tmp_path / "d.gguf"
+    convert(ckpt, tiny_target, out, outtype="f32", **quiet)
+    assert verify_drafter(out, tiny_target, references["specforge"]).relative_error <= TOLERANCE["f32"]
+
+
+def test_bin_with_code_is_never_unpickled(tmp_path, tiny_target, checkpoints):
+    import pickle
+    import shutil
+
+    d = tmp_path / "evil"
+    shutil.copytree(checkpoints["safeailab"], d)
+    (d / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (d / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": Evil()}))
+    with pytest.raises(EdgeEagleError, match="weights-only"):
+        convert(d, tiny_target, tmp_path / "o.gguf", **quiet)
+    assert not marker.exists()
+
+
+def test_cli_convert_verify_json_and_upstream_loadability(checkpoints, tiny_target, tmp_path):
+    out = tmp_path / "cli.gguf"
+    proc = cli("convert", str(checkpoints["speculators"]), "--target", str(tiny_target), "-o", str(out),
+               "--outtype", "q8_0", "--verify", "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["layout"] == "speculators" and info["verify"]["ok"]
+    assert any("norm_before_residual" in a for a in info["assumptions"])
+    # plain llama-cpp-python, no edge_eagle import: load, encode a feature row, decode a row
+    script = textwrap.dedent(f"""
+        import ctypes, numpy as np
+        from llama_cpp import llama_cpp as C
+        C.llama_backend_init()
+        mp = C.llama_model_default_params()
+        tgt = C.llama_model_load_from_file({str(tiny_target)!r}.encode(), mp)
+        ctx_t = C.llama_init_from_model(tgt, C.llama_context_default_params())
+        dft = C.llama_model_load_from_file({str(out)!r}.encode(), mp)
+        assert dft, "drafter did not load"
+        cp = C.llama_context_default_params(); cp.ctx_other = ctx_t
+        ctx = C.llama_init_from_model(dft, cp)
+        assert ctx, "no drafter context"
+        b = C.llama_batch_ext_init(ctx)
+        feat = np.ones(3 * 64, np.float32)
+        pos = C.llama_pos(0)
+        i = C.llama_batch_ext_add_embd(b, 0, C.llama_embd(feat.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, 192))
+        C.llama_batch_ext_set_pos(b, i, ctypes.byref(pos)); C.llama_batch_ext_set_output_logits(b, i, True)
+        assert C.llama_process(ctx, C.LLAMA_PROCESS_TYPE_ENCODE, b) == 0
+        C.llama_batch_ext_clear(b)
+        g = np.ones(64, np.float32)
+        i = C.llama_batch_ext_add_token(b, 0, 42)
+        C.llama_batch_ext_set_pos(b, i, ctypes.byref(pos))
+        C.llama_batch_ext_set_embd_token(b, i, C.llama_embd(g.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, 64))
+        C.llama_batch_ext_set_output_logits(b, i, True)
+        assert C.llama_process(ctx, C.LLAMA_PROCESS_TYPE_DECODE, b) == 0
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# --- bad input: one line, exit 2, nothing written -----------------------------------------
+
+def _bad(tmp_path: Path, src: Path, target: Path, *words: str, extra: tuple[str, ...] = ()) -> None:
+    out = tmp_path / "out.gguf"
+    assert_clean_error(cli("convert", str(src), "--target", str(target), "-o", str(out), *extra), *words)
+    assert not out.exists() and not list(tmp_path.glob("out.gguf*"))
+
+
+def _edit(tmp_path: Path, model, layout: str = "safeailab", **overrides):
+    return write_checkpoint(tmp_path / "edited", layout, model, config_overrides=overrides or None)
+
+
+def _rewrite(ckpt: Path, change) -> Path:
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    return ckpt
+
+
+def test_unknown_layout(tmp_path, references, tiny_target):
+    ckpt = _rewrite(_edit(tmp_path, references["safeailab"]),
+                    lambda t: [t.update({"foo." + k: t.pop(k)}) for k in list(t)])
+    _bad(tmp_path, ckpt, tiny_target, "Unknown checkpoint layout", "expected one of")
+
+
+def test_missing_tensor(tmp_path, references, tiny_target):
+    ckpt = _rewrite(_edit(tmp_path, references["safeailab"]), lambda t: t.pop("midlayer.mlp.up_proj.weight"))
+    _bad(tmp_path, ckpt, tiny_target, "lacks midlayer.mlp.up_proj.weight")
+
+
+def test_unexpected_tensor(tmp_path, references, tiny_target):
+    ckpt = _rewrite(_edit(tmp_path, references["safeailab"]),
+                    lambda t: t.update({"midlayer.extra.weight": np.zeros(3, np.float32)}))
+    _bad(tmp_path, ckpt, tiny_target, "does not know", "midlayer.extra.weight")
+
+
+def test_shapes_that_do_not_fit_the_target(tmp_path, references, tiny_dir):
+    from tests.tiny_models import write_tiny_target
+
+    wide = write_tiny_target(tiny_dir / "wide96.gguf", seed=7, hidden=96, heads=4, kv_heads=2, n_layer=12)
+    ckpt = _edit(tmp_path, references["safeailab"], target_hidden_size=None)
+    _bad(tmp_path, ckpt, wide, "shape")
+
+
+def test_layer_ids_outside_the_target(tmp_path, references, tiny_target):
+    ckpt = _edit(tmp_path, references["safeailab"], eagle_aux_hidden_state_layer_ids=[2, 4, 20])
+    _bad(tmp_path, ckpt, tiny_target, "outside", "8 layers")
+
+
+@pytest.mark.parametrize("problem", ["range", "duplicate"])
+def test_bad_d2t(problem, tmp_path, references, tiny_target):
+    def change(t):
+        if problem == "range":
+            t["d2t"][-1] = 10**7
+        else:
+            t["d2t"][1] = t["d2t"][0] - 1  # draft 1 -> the same target id as draft 0
+    ckpt = _rewrite(_edit(tmp_path, references["safeailab"]), change)
+    _bad(tmp_path, ckpt, tiny_target, "d2t")
+
+
+def test_truncated_safetensors(tmp_path, references, tiny_target):
+    ckpt = _edit(tmp_path, references["safeailab"])
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])
+    _bad(tmp_path, ckpt, tiny_target, "model.safetensors")
+
+
+def test_truncated_or_non_gguf_target(tmp_path, checkpoints, tiny_target):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_target.read_bytes()[:100_000])
+    _bad(tmp_path, checkpoints["safeailab"], cut, "cut.gguf")
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a model")
+    _bad(tmp_path, checkpoints["safeailab"], junk, "not a GGUF")
+
+
+def test_drafter_given_as_target(tmp_path, checkpoints, tiny_drafters):
+    _bad(tmp_path, checkpoints["safeailab"], tiny_drafters["eagle3"][0], "not a target")
+
+
+def test_offline_hub_id_not_cached(tmp_path, tiny_target, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    _bad(tmp_path, Path("nobody/no-such-drafter"), tiny_target, "HF_HUB_OFFLINE")
