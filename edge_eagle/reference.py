@@ -172,11 +172,16 @@ class Eagle3Reference(nn.Module):
     def layer(self, tokens: Tensor, g: Tensor, pos: Tensor, cache: dict | None = None,
               mask: Tensor | None = None) -> Tensor:
         """One decoder pass: tokens [B,T], g [B,T,H], pos [B,T] -> pre-norm h [B,T,H]."""
+        return self.block(tokens, g, lambda x: self.midlayer.self_attn(x, pos, cache, mask))
+
+    def block(self, tokens: Tensor, g: Tensor, attend) -> Tensor:
+        """The decoder layer around a given attention: attend(x [B,T,2H]) -> [B,T,H].
+        (The trainer passes its training-time-test attention here.)"""
         m = self.midlayer
         g_norm = m.hidden_norm(g)
         x = torch.cat([m.input_layernorm(self.embed(tokens)), g_norm], -1)
         residual = g_norm if self.cfg.norm_before_residual else g
-        h = residual + m.self_attn(x, pos, cache, mask)
+        h = residual + attend(x)
         return h + m.mlp(m.post_attention_layernorm(h))
 
     def draft_logits(self, h: Tensor) -> Tensor:

