@@ -42,7 +42,10 @@ def _resolve_dir(src: str, revision: str | None) -> tuple[Path, str | None]:
         raise EdgeEagleError("Fetching from the Hugging Face Hub needs huggingface-hub; "
                              "run `pip install huggingface-hub` or pass a local directory.") from None
     try:
-        local = snapshot_download(src, revision=revision, allow_patterns=WEIGHT_PATTERNS)
+        # read the environment now, not at huggingface_hub's import
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        local = snapshot_download(src, revision=revision, allow_patterns=WEIGHT_PATTERNS,
+                                  cache_dir=os.environ.get("HF_HUB_CACHE") or None, local_files_only=offline)
     except LocalEntryNotFoundError:
         raise EdgeEagleError(f"{src} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                              "download it first or pass a local directory.") from None

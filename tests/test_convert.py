@@ -220,3 +220,25 @@ def test_drafter_given_as_target(tmp_path, checkpoints, tiny_drafters):
 def test_offline_hub_id_not_cached(tmp_path, tiny_target, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     _bad(tmp_path, Path("nobody/no-such-drafter"), tiny_target, "HF_HUB_OFFLINE")
+
+
+def test_hub_repo_id_from_the_local_cache_with_revision(tmp_path, checkpoints, references, tiny_target,
+                                                        monkeypatch):
+    """HF_HUB_OFFLINE=1: a repo id resolves from the local cache, pinned by --revision."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--someone--tiny-eagle3"
+    shutil.copytree(checkpoints["specforge"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for revision in (None, commit):
+        out = tmp_path / f"hub-{revision}.gguf"
+        convert("someone/tiny-eagle3", tiny_target, out, revision=revision, outtype="f32", **quiet)
+        g = read_gguf(out)
+        assert g.meta["edge_eagle.source"] == "someone/tiny-eagle3"
+        assert g.meta.get("edge_eagle.revision") == revision
+        assert verify_drafter(out, tiny_target, references["specforge"]).top1_agreement == 1.0
