@@ -152,6 +152,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tui.app import ChatOptions, run
+
+    return run(ChatOptions(target=args.target, drafter=args.drafter, k=args.k, temperature=args.temp,
+                           p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
@@ -171,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     g.set_defaults(func=cmd_generate)
+
+    ch = sub.add_parser("chat", help="terminal chat with live acceptance statistics")
+    _add_model_args(ch)
+    ch.add_argument("-n", type=int, default=512, help="max tokens per reply (default 512)")
+    ch.add_argument("--k", type=int, default=4, help="draft length (default 4)")
+    ch.add_argument("--temp", type=float, default=0.0)
+    ch.add_argument("--p-min", type=float, default=0.0)
+    ch.set_defaults(func=cmd_chat)
 
     c = sub.add_parser("convert", help="convert an EAGLE-3 / EAGLE-3.1 checkpoint to an eagle3 GGUF")
     c.add_argument("src", help="checkpoint directory or Hugging Face repo id")

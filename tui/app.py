@@ -1,0 +1,260 @@
+"""`edge-eagle chat`: a terminal chat with live acceptance statistics.
+
+A thin view over the library API (edge_eagle.EdgeEagle): generation runs in a worker
+thread and reaches the UI as messages, so the interface never freezes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Footer, Header, Input
+
+from edge_eagle import EdgeEagle, EdgeEagleError
+
+from .widgets import ChatMessage, StatsPanel
+
+
+@dataclass
+class ChatOptions:
+    target: str | None = None
+    drafter: str | None = "default"
+    k: int = 4
+    temperature: float = 0.0
+    p_min: float = 0.0
+    max_tokens: int = 512
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+
+
+class EdgeEagleChat(App):
+    TITLE = "edge-eagle chat"
+    CSS = """
+    #main { height: 1fr; }
+    #chat { width: 1fr; }
+    #transcript { height: 1fr; padding: 0 1; }
+    #prompt { dock: bottom; }
+    """
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("f8", "toggle_speculation", "Spec on/off"),
+        Binding("f9", "toggle_tint", "Tint"),
+        Binding("f2", "k(-1)", "k−"),
+        Binding("f3", "k(1)", "k+"),
+        Binding("f4", "temperature(-0.1)", "temp−"),
+        Binding("f5", "temperature(0.1)", "temp+"),
+        Binding("f6", "p_min(-0.1)", "p_min−"),
+        Binding("f7", "p_min(0.1)", "p_min+"),
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    class Loaded(Message):
+        def __init__(self, engine: EdgeEagle | None, error: str | None):
+            super().__init__()
+            self.engine, self.error = engine, error
+
+    class Tokens(Message):
+        def __init__(self, message: ChatMessage, pieces: list[tuple[str, str]], stats: dict[str, Any]):
+            super().__init__()
+            self.message, self.pieces, self.stats = message, pieces, stats
+
+    class Finished(Message):
+        def __init__(self, message: ChatMessage, stats: dict[str, Any] | None, reason: str | None,
+                     error: str | None = None):
+            super().__init__()
+            self.message, self.stats, self.reason, self.error = message, stats, reason, error
+
+    def __init__(self, options: ChatOptions | None = None, engine: EdgeEagle | None = None,
+                 save_dir: str | os.PathLike[str] = "."):
+        super().__init__()
+        self.options = options or ChatOptions()
+        self.engine = engine
+        self.save_dir = Path(save_dir)
+        self.history: list[dict[str, str]] = []
+        self.speculative = True
+        self.tint = True
+        self.generation = None
+        self.busy = False  # a reply is being generated (set and cleared on the UI thread)
+        self.speeds: list[float] = []
+
+    # --- layout --------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield VerticalScroll(id="transcript")
+                yield Input(placeholder="Loading the models…", id="prompt", disabled=True)
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._show_settings()
+        if self.engine is None:
+            self.load_models()
+        else:
+            self.post_message(self.Loaded(self.engine, None))
+
+    @work(thread=True, exclusive=True, group="load")
+    def load_models(self) -> None:
+        o = self.options
+        try:
+            engine = EdgeEagle(o.target, o.drafter, k=o.k, p_min=o.p_min, n_ctx=o.n_ctx,
+                               n_gpu_layers=o.n_gpu_layers)
+            self.post_message(self.Loaded(engine, None))
+        except EdgeEagleError as e:
+            self.post_message(self.Loaded(None, str(e)))
+
+    def on_edge_eagle_chat_loaded(self, event: Loaded) -> None:
+        prompt = self.query_one("#prompt", Input)
+        if event.error:
+            self._append(ChatMessage("error", event.error))
+            prompt.placeholder = "Could not load the models (see above); press ctrl+q to quit."
+            return
+        self.engine = event.engine
+        prompt.disabled = False
+        prompt.placeholder = "Ask something (Enter to send, Esc to stop)"
+        prompt.focus()
+        self._show_settings()
+
+    # --- chatting ------------------------------------------------------------------------
+
+    def _append(self, widget: ChatMessage) -> ChatMessage:
+        transcript = self.query_one("#transcript", VerticalScroll)
+        transcript.mount(widget)
+        transcript.scroll_end(animate=False)
+        return widget
+
+    @on(Input.Submitted, "#prompt")
+    def send(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self.engine is None or self.busy:
+            return
+        self.busy = True
+        event.input.value = ""
+        self.history.append({"role": "user", "content": text})
+        self._append(ChatMessage("user", text))
+        reply = self._append(ChatMessage("assistant", tint=self.tint))
+        self.generate(reply, list(self.history))
+
+    @work(thread=True, exclusive=True, group="generate")
+    def generate(self, reply: ChatMessage, messages: list[dict[str, str]]) -> None:
+        assert self.engine is not None
+        o = self.options
+        try:
+            gen = self.engine.chat(messages, max_tokens=o.max_tokens, temperature=o.temperature, k=o.k,
+                                   p_min=o.p_min, speculative=self.speculative)
+        except EdgeEagleError as e:
+            self.post_message(self.Finished(reply, None, None, str(e)))
+            return
+        self.generation = gen
+        pieces: list[tuple[str, str]] = []
+        last = time.monotonic()
+        try:
+            for tok in gen:
+                pieces.append((tok.text, tok.origin))
+                if time.monotonic() - last > 0.05:  # batch UI updates to ~20 per second
+                    self.post_message(self.Tokens(reply, pieces, gen.stats.to_dict()))
+                    pieces, last = [], time.monotonic()
+            if pieces:
+                self.post_message(self.Tokens(reply, pieces, gen.stats.to_dict()))
+            self.post_message(self.Finished(reply, gen.stats.to_dict(), gen.finish_reason))
+        except EdgeEagleError as e:
+            self.post_message(self.Finished(reply, gen.stats.to_dict(), None, str(e)))
+        finally:
+            self.generation = None
+
+    def on_edge_eagle_chat_tokens(self, event: Tokens) -> None:
+        event.message.add(event.pieces)
+        self.query_one(StatsPanel).show_message(event.stats)
+        self.query_one("#transcript", VerticalScroll).scroll_end(animate=False)
+
+    def on_edge_eagle_chat_finished(self, event: Finished) -> None:
+        self.busy = False
+        if event.error:
+            self._append(ChatMessage("error", event.error))
+        if event.message.text:
+            self.history.append({"role": "assistant", "content": event.message.text})
+        if event.stats is not None:
+            s = event.stats
+            self.speeds.append(s["tokens_per_second"])
+            mode = "speculative" if self.speculative else "plain"
+            event.message.set_footer(f"{mode} · {s['generated_tokens']} tokens · {s['tokens_per_second']:.1f} tok/s"
+                                     f" · tau {s['tau']:.2f} · {event.reason}")
+            self.query_one(StatsPanel).show_message(s)
+        if self.engine is not None:
+            self.query_one(StatsPanel).show_session(self.engine.stats.to_dict(), self.speeds)
+
+    # --- actions -------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel()
+
+    def _show_settings(self) -> None:
+        name = self.engine.drafter.name if self.engine is not None and self.engine.drafter is not None else "none"
+        o = self.options
+        self.query_one(StatsPanel).show_settings(self.speculative, name, o.k, o.temperature, o.p_min)
+
+    def action_toggle_speculation(self) -> None:
+        self.speculative = not self.speculative
+        self._show_settings()
+        self.notify(f"Speculation {'on' if self.speculative else 'off'} from the next message.")
+
+    def action_toggle_tint(self) -> None:
+        self.tint = not self.tint
+        for message in self.query(ChatMessage):
+            message.tint = self.tint
+
+    def action_k(self, delta: int) -> None:
+        self.options.k = max(0, min(16, self.options.k + delta))
+        self._show_settings()
+
+    def action_temperature(self, delta: float) -> None:
+        self.options.temperature = round(max(0.0, min(2.0, self.options.temperature + delta)), 2)
+        self._show_settings()
+
+    def action_p_min(self, delta: float) -> None:
+        self.options.p_min = round(max(0.0, min(1.0, self.options.p_min + delta)), 2)
+        self._show_settings()
+
+    def action_save(self) -> None:
+        if not self.history:
+            self.notify("Nothing to save yet.")
+            return
+        path = self.save_dir / f"edge-eagle-chat-{time.strftime('%Y%m%d-%H%M%S')}.md"
+        body = "\n\n".join(f"**{m['role']}**:\n\n{m['content']}" for m in self.history) + "\n"
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(body, encoding="utf-8")
+        os.replace(tmp, path)
+        self.notify(f"Saved {path}")
+
+    async def action_new_chat(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel()
+        self.history.clear()
+        await self.query_one("#transcript", VerticalScroll).remove_children()
+        self.notify("New chat.")
+
+    def on_unmount(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel()
+
+
+def run(options: ChatOptions) -> int:
+    app = EdgeEagleChat(options)
+    app.run()
+    if app.engine is not None:
+        app.engine.close()
+    return 0

@@ -1,0 +1,125 @@
+"""Widgets of `edge-eagle chat`: a chat message and the live statistics panel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Label, Markdown, Sparkline, Static
+
+DRAFT_STYLE = "bold #7ee787"  # accepted draft tokens
+
+
+class ChatMessage(Vertical):
+    """One turn. The assistant's reply streams in; with tinting on, accepted draft tokens
+    are coloured (plain text), with tinting off it renders as Markdown."""
+
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; margin: 0 0 1 0; padding: 0 1; }
+    ChatMessage.user { background: $boost; border-left: thick $accent; }
+    ChatMessage.assistant { border-left: thick $success; }
+    ChatMessage.error { border-left: thick $error; color: $error; }
+    ChatMessage > .role { color: $text-muted; text-style: bold; }
+    ChatMessage > Static.body, ChatMessage > Markdown.body { height: auto; margin: 0; padding: 0; }
+    """
+
+    tint: reactive[bool] = reactive(True)
+
+    def __init__(self, role: str, content: str = "", tint: bool = True):
+        super().__init__(classes=role)
+        self.role = role
+        self.pieces: list[tuple[str, str]] = [(content, "target")] if content else []
+        self.set_reactive(ChatMessage.tint, tint)
+        self.footer = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(p for p, _ in self.pieces)
+
+    def compose(self) -> ComposeResult:
+        yield Label({"user": "You", "assistant": "Assistant", "error": "Error"}.get(self.role, self.role),
+                    classes="role")
+        if self.role == "assistant" and not self.tint:
+            yield Markdown(self.text, classes="body")
+        else:
+            yield Static(self._rich(), classes="body")
+        yield Label("", classes="role footer")
+
+    def _rich(self) -> Text:
+        out = Text()
+        for piece, origin in self.pieces:
+            out.append(piece, style=DRAFT_STYLE if origin == "draft" and self.tint and self.role == "assistant"
+                       else "")
+        return out
+
+    def add(self, pieces: list[tuple[str, str]]) -> None:
+        self.pieces.extend(pieces)
+        body = self.query(".body").first()
+        if isinstance(body, Markdown):
+            body.update(self.text)
+        else:
+            body.update(self._rich())
+
+    def set_footer(self, text: str) -> None:
+        self.footer = text
+        self.query(".footer").first().update(text)
+
+    async def watch_tint(self, tint: bool) -> None:
+        await self.recompose()
+        if self.footer:
+            self.set_footer(self.footer)
+
+
+def bar(fraction: float, width: int = 16) -> str:
+    full = max(0, min(width, round(fraction * width)))
+    return "█" * full + "░" * (width - full)
+
+
+class StatsPanel(Vertical):
+    """tau, per-position acceptance bars, a tokens/s sparkline, the time split, and the
+    drafted/accepted counts, for the current message and for the session."""
+
+    DEFAULT_CSS = """
+    StatsPanel { width: 44; border-left: solid $primary; padding: 0 1; }
+    StatsPanel > .title { text-style: bold; color: $accent; margin-top: 1; }
+    StatsPanel > Sparkline { height: 3; margin: 0 0 1 0; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Label("Settings", classes="title")
+        yield Static(id="settings")
+        yield Label("This message", classes="title")
+        yield Static(id="message")
+        yield Label("Session", classes="title")
+        yield Static(id="session")
+        yield Label("Acceptance by draft position", classes="title")
+        yield Static(id="bars")
+        yield Label("tokens/s per message", classes="title")
+        yield Sparkline([], id="speed")
+
+    def show_settings(self, speculative: bool, drafter: str, k: int, temperature: float, p_min: float) -> None:
+        mode = f"[b green]ON[/] ({drafter})" if speculative else "[b red]OFF[/] (plain decoding)"
+        self.query_one("#settings", Static).update(
+            f"speculation {mode}\nk {k}   temp {temperature:.2f}   p_min {p_min:.2f}")
+
+    @staticmethod
+    def _figures(s: dict[str, Any]) -> str:
+        share = s.get("time_share", {})
+        return (f"tau [b]{s.get('tau', 0):.2f}[/]   {s.get('tokens_per_second', 0):.1f} tok/s\n"
+                f"accepted {s.get('accepted', 0)} / drafted {s.get('drafted', 0)}"
+                f" ({100 * s.get('acceptance_rate', 0):.0f}%)\n"
+                f"time: verify {100 * share.get('verify', 0):.0f}%  draft {100 * share.get('draft', 0):.0f}%"
+                f"  overhead {100 * share.get('overhead', 0):.0f}%")
+
+    def show_message(self, stats: dict[str, Any]) -> None:
+        self.query_one("#message", Static).update(self._figures(stats))
+
+    def show_session(self, stats: dict[str, Any], speeds: list[float]) -> None:
+        self.query_one("#session", Static).update(self._figures(stats))
+        rates = stats.get("per_position_acceptance", [])
+        lines = [f"{i + 1:>2} {bar(r)} {100 * r:3.0f}%" for i, r in enumerate(rates)] or ["(no drafts yet)"]
+        self.query_one("#bars", Static).update("\n".join(lines))
+        self.query_one("#speed", Sparkline).data = list(speeds) or [0.0]
