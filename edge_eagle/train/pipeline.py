@@ -42,9 +42,10 @@ def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
     """The n target tokens most frequent in the data (tokens and the targets' top labels), sorted."""
     counts = np.zeros(vocab_size, np.int64)
     for path in shards:
-        z = np.load(path)
-        np.add.at(counts, z["tokens"], 1)
-        np.add.at(counts, z["top_ids"][z["mask"], 0], 1)
+        with np.load(path) as z:
+            mask = z["mask"]
+            np.add.at(counts, z["tokens"], 1)
+            np.add.at(counts, z["top_ids"][mask, 0], 1)
     n = min(n, vocab_size)
     return np.sort(np.argsort(-counts, kind="stable")[:n]).astype(np.int64)
 

@@ -39,14 +39,16 @@ class FeatureData:
     def __init__(self, shard_paths: list[Path], t2d_index: np.ndarray, max_len: int = 1024):
         self.t2d = t2d_index
         self.seqs: list[dict[str, np.ndarray]] = []
+        keys = ("tokens", "feats", "top_ids", "top_probs", "mask")
         for path in shard_paths:
-            z = np.load(path)
-            starts = z["starts"]
+            with np.load(path) as z:
+                arrays = {k: z[k] for k in keys}  # each NpzFile access re-reads the whole array
+                starts = z["starts"]
             for a, b in zip(starts[:-1], starts[1:]):
                 b = min(b, a + max_len)
-                if b - a < 3 or not z["mask"][a + 1:b].any():
+                if b - a < 3 or not arrays["mask"][a + 1:b].any():
                     continue
-                self.seqs.append({k: z[k][a:b] for k in ("tokens", "feats", "top_ids", "top_probs", "mask")})
+                self.seqs.append({k: arrays[k][a:b].copy() for k in keys})
 
     @property
     def n_rows(self) -> int:
