@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from .controller import KController
 from .drafter import Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
@@ -41,7 +42,7 @@ class Generation:
     Breaking out, close() or cancel() ends it early with both KV caches consistent.
     """
 
-    def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int, stop: Sequence[str],
+    def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int | str, stop: Sequence[str],
                  sampling: SamplingParams, speculative: bool, p_min: float):
         self._engine, self._prompt = engine, prompt
         self._max_tokens, self._k, self._stop = max_tokens, k, [s for s in stop if s]
@@ -80,8 +81,9 @@ class Generation:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
             try:
-                steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens, k=self._k,
-                                  sampler=sampler, stats=self.stats, p_min=self._p_min)
+                k = eng.auto_controller() if self._k == "auto" and drafter is not None else self._k
+                steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
+                                  k=0 if k == "auto" else k, sampler=sampler, stats=self.stats, p_min=self._p_min)
                 for new, origins in steps:
                     for tok, origin in zip(new, origins):
                         if eng.target.is_eog(tok):
@@ -149,6 +151,33 @@ def _partial_stop(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+def _check_k(k: int | str) -> int | str:
+    if k == "auto" or (isinstance(k, int) and k >= 0):
+        return k
+    raise EdgeEagleError(f"k must be 'auto' or a draft length of 0 or more, got {k!r}; pass --k auto or --k 4.")
+
+
+def calibrate(target: Target, controller: KController, n_max: int, reps: int = 3) -> None:
+    """Time target decodes of 1..n_max tokens (median of reps) into the controller's cost model."""
+    import statistics
+    from time import perf_counter
+
+    target.set_capture(())
+    pad = target.eos if target.eos >= 0 else 0
+    target.memory.clear()
+    target.decode([pad] * n_max, 0, "all")  # warm-up: first calls allocate
+    for n in range(1, n_max + 1):
+        times = []
+        for _ in range(reps):
+            target.memory.clear()
+            target.decode([pad] * 8, 0, "last")  # some context
+            t0 = perf_counter()
+            target.decode([pad] * n, 8, "all")
+            times.append(perf_counter() - t0)
+        controller.costs.verify_s[n] = statistics.median(times)
+    target.memory.clear()
+
+
 def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
     """Format messages with the target's own chat template (a sandboxed Jinja2 render)."""
     template = target.chat_template
@@ -176,15 +205,15 @@ class EdgeEagle:
     """
 
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
-                 None = "default", *, k: int = 4, p_min: float = 0.0, n_ctx: int = 4096, n_gpu_layers: int = 0,
-                 n_threads: int | None = None, capture: str = "auto"):
-        if k < 0:
-            raise EdgeEagleError(f"k must be 0 or more, got {k}; pass a draft length like --k 4.")
+                 None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
+                 n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8):
+        k = _check_k(k)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
         self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
                              capture=capture)
-        self.k, self.p_min = k, p_min
+        self.k, self.p_min, self.k_max = k, p_min, k_max
+        self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
         self.drafter: Drafter | None
         try:
             self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads)
@@ -214,7 +243,7 @@ class EdgeEagle:
     # --- generation ------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | None = None,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
                  add_special: bool = True) -> Generation:
         """Stream a completion of `prompt` (text, or token ids)."""
@@ -229,9 +258,18 @@ class EdgeEagle:
                 f"({self.target.n_ctx}); shorten the prompt, lower max_tokens or raise n_ctx.")
         if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
-        return Generation(self, tokens, max_tokens=max_tokens, k=self.k if k is None else k, stop=stop,
+        k = self.k if k is None else _check_k(k)
+        return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
                           sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min)
+
+    def auto_controller(self) -> KController:
+        """The engine's k controller, its target costs c(n) measured on first use."""
+        if self.controller is None:
+            controller = KController(k_max=self.k_max)
+            calibrate(self.target, controller, self.k_max + 1)
+            self.controller = controller
+        return self.controller
 
     def chat(self, messages: Sequence[Mapping[str, str]], **kwargs) -> Generation:
         """Stream the assistant's reply to `messages`, formatted by the target's chat template."""

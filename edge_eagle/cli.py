@@ -12,6 +12,15 @@ from . import gguf_keys as K
 from .errors import EdgeEagleError
 
 
+def _k_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {value!r}") from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", default="default",
@@ -177,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--k", type=int, default=4, help="draft length (default 4; 0: plain decoding)")
+    g.add_argument("--k", type=_k_arg, default="auto",
+                   help="draft length, or 'auto' (the default: picked per cycle, never slower than plain)")
     g.add_argument("--p-min", type=float, default=0.0, help="stop drafting below this drafter confidence")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
@@ -187,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chat", help="terminal chat with live acceptance statistics")
     _add_model_args(ch)
     ch.add_argument("-n", type=int, default=512, help="max tokens per reply (default 512)")
-    ch.add_argument("--k", type=int, default=4, help="draft length (default 4)")
+    ch.add_argument("--k", type=_k_arg, default="auto", help="draft length or 'auto' (default)")
     ch.add_argument("--temp", type=float, default=0.0)
     ch.add_argument("--p-min", type=float, default=0.0)
     ch.set_defaults(func=cmd_chat)

@@ -20,6 +20,10 @@ class Drafter(ABC):
     #: the target layers whose inputs this drafter consumes
     target_layers: tuple[int, ...] = ()
     name: str = "drafter"
+    #: drafters that can sample their drafts take a `choose` callable in propose() and leave
+    #: the proposal distributions q of the last proposal here (None: deterministic drafts)
+    samples: bool = False
+    last_q: list[np.ndarray] | None = None
 
     def reset(self) -> None:
         """Forget all state: a new request starts."""

@@ -135,6 +135,7 @@ class EagleDrafter(Drafter):
     """An eagle3 GGUF in a second llama.cpp context that borrows from the target's."""
 
     needs_features = True
+    samples = True
 
     def __init__(self, path: str | os.PathLike[str], target: Target, *, n_gpu_layers: int = 0,
                  n_threads: int | None = None, gguf: GGUFFile | None = None):
@@ -267,12 +268,13 @@ class EagleDrafter(Drafter):
 
     # --- proposing -----------------------------------------------------------------------
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
-        return self.propose_with_logits(tokens, k, p_min)[0]
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
+        return self.propose_with_logits(tokens, k, p_min, choose)[0]
 
-    def propose_with_logits(self, tokens: Sequence[int], k: int,
-                            p_min: float = 0.0) -> tuple[list[int], list[np.ndarray]]:
-        """Greedy chain of up to k drafts, with the drafter's logits at each step."""
+    def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
+                            choose=None) -> tuple[list[int], list[np.ndarray]]:
+        """A chain of up to k drafts, with the drafter's logits at each step. choose(logits)
+        -> (token, q or None) picks each draft (default greedy); the q's go to self.last_q."""
         if not self._pend_rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
@@ -288,18 +290,24 @@ class EagleDrafter(Drafter):
         drafts: list[int] = []
         all_logits: list[np.ndarray] = []
         pos = n_past - 1  # the row just decoded; chain rows follow it
+        qs: list[np.ndarray] = []
+        self.last_q = None
         while k > 0:
-            d = int(np.argmax(logits))
             if p_min > 0.0:
-                z = logits - logits[d]
+                z = logits - logits.max()
                 if 1.0 / np.exp(z[np.isfinite(z)]).sum() < p_min:
                     break
+            d, q = (int(np.argmax(logits)), None) if choose is None else choose(logits)
+            if q is not None:
+                qs.append(q)
             drafts.append(d)
             all_logits.append(logits.copy())
             if len(drafts) == k:
                 break
             pos += 1
             logits, h = self.decode([d], self.carry(h)[None, :], pos)
+        if qs:
+            self.last_q = qs
         return drafts, all_logits
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Iterator, Sequence
 
+from .controller import KController
 from .drafter import Drafter
 from .sampling import Sampler
 from .stats import SpecStats
@@ -19,9 +20,12 @@ from .target import Target
 DRAFT, TARGET = "draft", "target"
 
 
-def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *, max_tokens: int, k: int,
-              sampler: Sampler, stats: SpecStats, p_min: float = 0.0) -> Iterator[tuple[list[int], list[str]]]:
-    """Yield (new tokens, their origins) per step until max_tokens tokens were produced."""
+def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *, max_tokens: int,
+              k: int | KController, sampler: Sampler, stats: SpecStats,
+              p_min: float = 0.0) -> Iterator[tuple[list[int], list[str]]]:
+    """Yield (new tokens, their origins) per step until max_tokens tokens were produced.
+    k is a fixed draft length or a KController that picks one per cycle."""
+    controller = k if isinstance(k, KController) else None
     wants_features = drafter is not None and drafter.needs_features
     target.memory.clear()
     target.set_capture(drafter.target_layers if wants_features else ())
@@ -44,14 +48,19 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
 
     while produced < max_tokens:
         t_step = perf_counter()
-        room = min(k, max_tokens - produced - 1, target.n_ctx - n_past - 1)
+        want = controller.choose() if controller is not None else k
+        room = min(want, max_tokens - produced - 1, target.n_ctx - n_past - 1)  # type: ignore[type-var]
         drafts: list[int] = []
         if drafter is not None and room > 0:
-            drafts = drafter.propose(seq, room, p_min)[:room]
+            if drafter.samples and not sampler.params.greedy:
+                drafts = drafter.propose(seq, room, p_min, choose=sampler.draft)[:room]  # type: ignore[call-arg]
+            else:
+                drafts = drafter.propose(seq, room, p_min)[:room]
         t_verify = perf_counter()
         batch = [seq[-1]] + drafts
         res = target.decode(batch, n_past, "all" if drafts else "last")
-        n_acc, bonus = sampler.verify(res.logits, drafts)
+        q = drafter.last_q if drafts and drafter is not None and drafter.samples else None
+        n_acc, bonus = sampler.verify(res.logits, drafts, q)
         if n_acc < len(drafts):
             target.memory.remove_from(n_past + n_acc + 1)
         t_ingest = perf_counter()
@@ -62,6 +71,8 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
         stats.t_verify += t_ingest - t_verify
         stats.t_draft += (t_verify - t_step) + (t_end - t_ingest)
         stats.record_step(len(drafts), n_acc)
+        if controller is not None:
+            controller.update(len(drafts), n_acc, len(batch), t_ingest - t_verify, t_verify - t_step)
         new = drafts[:n_acc] + [bonus]
         seq += new
         n_past += n_acc + 1

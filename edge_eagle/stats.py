@@ -85,6 +85,8 @@ class SpecStats:
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+            "k_mean": round(sum(self.k_history) / len(self.k_history), 3) if self.k_history else 0.0,
+            "k_last": self.k_history[-1] if self.k_history else 0,
             "generated_tokens": self.generated,
             "prompt_tokens": self.prompt_tokens,
             "tokens_per_second": round(self.tokens_per_second, 3),

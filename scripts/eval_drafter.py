@@ -40,12 +40,13 @@ def main() -> int:
     ap.add_argument("--target", default=None, help="target GGUF (default: embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 7])
     ap.add_argument("--limit", type=int, default=80)
+    ap.add_argument("--every", type=int, default=1, help="take every n-th question (keeps all categories)")
     ap.add_argument("-n", type=int, default=128, help="max tokens per answer")
     ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
 
-    prompts = mtbench_first_turns()[: args.limit]
+    prompts = mtbench_first_turns()[:: args.every][: args.limit]
     results = []
     for drafter in args.drafter:
         with EdgeEagle(args.target, drafter, n_ctx=2048, n_threads=args.threads) as ee:

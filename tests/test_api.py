@@ -159,3 +159,10 @@ def test_cli_generate_json(tiny_target, tiny_drafters):
     for key in ("tau", "drafted", "accepted", "per_position_acceptance", "tokens_per_second"):
         assert key in out["stats"]
     assert out["stats"]["generated_tokens"] == 12
+
+
+def test_sampling_with_the_eagle_drafter_is_reproducible(engine):
+    a = engine.generate("Once upon a time", max_tokens=30, temperature=0.7, seed=11).result()
+    b = engine.generate("Once upon a time", max_tokens=30, temperature=0.7, seed=11).result()
+    assert a.tokens == b.tokens and len(a.tokens) == 30
+    assert a.stats.drafted > 0

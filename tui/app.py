@@ -28,7 +28,7 @@ from .widgets import ChatMessage, StatsPanel
 class ChatOptions:
     target: str | None = None
     drafter: str | None = "default"
-    k: int = 4
+    k: int | str = "auto"
     temperature: float = 0.0
     p_min: float = 0.0
     max_tokens: int = 512
@@ -218,7 +218,11 @@ class EdgeEagleChat(App):
             message.tint = self.tint
 
     def action_k(self, delta: int) -> None:
-        self.options.k = max(0, min(16, self.options.k + delta))
+        """auto sits below 0: f2 from 0 gives auto, f3 from auto gives 0."""
+        k = self.options.k
+        value = -1 if k == "auto" else int(k)
+        value = max(-1, min(16, value + delta))
+        self.options.k = "auto" if value < 0 else value
         self._show_settings()
 
     def action_temperature(self, delta: float) -> None:

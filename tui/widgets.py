@@ -100,7 +100,7 @@ class StatsPanel(Vertical):
         yield Label("tokens/s per message", classes="title")
         yield Sparkline([], id="speed")
 
-    def show_settings(self, speculative: bool, drafter: str, k: int, temperature: float, p_min: float) -> None:
+    def show_settings(self, speculative: bool, drafter: str, k: int | str, temperature: float, p_min: float) -> None:
         mode = f"[b green]ON[/] ({drafter})" if speculative else "[b red]OFF[/] (plain decoding)"
         self.query_one("#settings", Static).update(
             f"speculation {mode}\nk {k}   temp {temperature:.2f}   p_min {p_min:.2f}")
@@ -108,7 +108,8 @@ class StatsPanel(Vertical):
     @staticmethod
     def _figures(s: dict[str, Any]) -> str:
         share = s.get("time_share", {})
-        return (f"tau [b]{s.get('tau', 0):.2f}[/]   {s.get('tokens_per_second', 0):.1f} tok/s\n"
+        return (f"tau [b]{s.get('tau', 0):.2f}[/]   {s.get('tokens_per_second', 0):.1f} tok/s   "
+                f"k now {s.get('k_last', 0)} (mean {s.get('k_mean', 0):.1f})\n"
                 f"accepted {s.get('accepted', 0)} / drafted {s.get('drafted', 0)}"
                 f" ({100 * s.get('acceptance_rate', 0):.0f}%)\n"
                 f"time: verify {100 * share.get('verify', 0):.0f}%  draft {100 * share.get('draft', 0):.0f}%"

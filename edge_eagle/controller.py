@@ -1,0 +1,137 @@
+"""Choosing the draft length for each cycle ("auto" k): never slower than plain decoding.
+
+The expected tokens of a cycle drafting k tokens are E(k) = 1 + sum_{i<=k} prod_{j<=i} r_j,
+with r_j the running conditional acceptance rate of draft position j; its cost, in units
+of one single-token target decode, is C(k) = c(k+1) + k*d, with c(n) the target's batch
+cost relative to n = 1 and d the drafter's step cost. The controller picks the k in
+0..k_max that maximises E(k)/C(k); k = 0 (plain decoding, E = C = 1) wins unless some k
+beats it. Costs are measured at start-up and then tracked online; while it decodes
+plainly it probes one short draft every `probe_every` cycles so acceptance stays current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostModel:
+    """Seconds per target decode of n tokens and per drafter step, tracked as EMAs."""
+
+    alpha: float = 0.1
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_step_s: float | None = None
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        old = self.verify_s.get(n)
+        self.verify_s[n] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def observe_draft(self, steps: int, seconds: float) -> None:
+        if steps <= 0:
+            return
+        per = seconds / steps
+        old = self.draft_step_s
+        self.draft_step_s = per if old is None else old + self.alpha * (per - old)
+
+    def c(self, n: int) -> float:
+        """Target batch cost of n tokens relative to one (linear extrapolation if unmeasured).
+        Never below the cost of a smaller batch: timing noise must not make k look free."""
+        one = self.verify_s.get(1)
+        if not one:
+            return float(n)  # the pessimistic, compute-bound assumption
+        best = 1.0
+        for m in range(2, n + 1):
+            if m in self.verify_s:
+                best = max(best, self.verify_s[m] / one)
+            else:
+                known = max(x for x in self.verify_s if x < m)
+                best = max(best, self.verify_s[known] / one * m / known)
+        return best
+
+    def d(self) -> float:
+        one = self.verify_s.get(1)
+        if not one or self.draft_step_s is None:
+            return 0.2
+        return self.draft_step_s / one
+
+    def cost(self, k: int) -> float:
+        return self.c(k + 1) + k * self.d()
+
+
+@dataclass
+class AcceptanceModel:
+    """Conditional acceptance rate per draft position: exponentially decayed hit counts
+    (memory ~1/alpha observations) smoothed towards `prior` with weight `prior_weight`."""
+
+    k_max: int
+    alpha: float = 0.03
+    prior: float = 0.5
+    prior_weight: float = 1.0
+    hits: list[float] = field(default_factory=list)
+    seen: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hits = [0.0] * self.k_max
+        self.seen = [0.0] * self.k_max
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        # position i (0-based) is observed iff all before it were accepted
+        for i in range(min(drafted, accepted + 1, self.k_max)):
+            self.hits[i] = (1 - self.alpha) * self.hits[i] + (1.0 if i < accepted else 0.0)
+            self.seen[i] = (1 - self.alpha) * self.seen[i] + 1.0
+
+    def rate(self, i: int) -> float:
+        """Position i's rate; a position never drafted yet borrows the deepest observed one's,
+        so a drafter that is always right is allowed to draft deeper."""
+        while i > 0 and not self.seen[i]:
+            i -= 1
+        return (self.hits[i] + self.prior * self.prior_weight) / (self.seen[i] + self.prior_weight)
+
+    @property
+    def rates(self) -> list[float]:
+        return [self.rate(i) for i in range(self.k_max)]
+
+    def expected_tokens(self, k: int) -> float:
+        total, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= self.rate(i)
+            total += reach
+        return total
+
+
+@dataclass
+class KController:
+    k_max: int = 8
+    probe_every: int = 64
+    margin: float = 0.03  # speculate only if the model predicts a gain beyond its own noise
+    costs: CostModel = field(default_factory=CostModel)
+    acceptance: AcceptanceModel | None = None
+    _plain_run: int = 0
+
+    def __post_init__(self) -> None:
+        if self.acceptance is None:
+            self.acceptance = AcceptanceModel(self.k_max)
+
+    def speedup(self, k: int) -> float:
+        assert self.acceptance is not None
+        return self.acceptance.expected_tokens(k) / self.costs.cost(k) if k else 1.0
+
+    def choose(self) -> int:
+        best = max(range(self.k_max + 1), key=self.speedup)
+        if self.speedup(best) < 1.0 + self.margin:
+            best = 0
+        if best == 0:
+            self._plain_run += 1
+            if self._plain_run >= self.probe_every:
+                self._plain_run = 0
+                return 1  # a cheap probe keeps the acceptance estimate alive
+        else:
+            self._plain_run = 0
+        return best
+
+    def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
+        assert self.acceptance is not None
+        self.costs.observe_verify(verify_tokens, verify_s)
+        self.costs.observe_draft(drafted, draft_s)
+        if drafted:
+            self.acceptance.observe(drafted, accepted)

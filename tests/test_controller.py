@@ -1,0 +1,76 @@
+"""The auto-k controller: k = 0 when drafts are always rejected, a large k when they are
+always accepted; and the engine's "auto" mode stays lossless."""
+
+from __future__ import annotations
+
+from edge_eagle import EdgeEagle, OracleDrafter
+from edge_eagle.controller import AcceptanceModel, CostModel, KController
+
+
+def _gpu_like_costs() -> CostModel:
+    c = CostModel()
+    for n in range(1, 10):
+        c.verify_s[n] = 0.010 * (1 + 0.05 * (n - 1))  # a batch of up to 9 costs about one token
+    c.draft_step_s = 0.001
+    return c
+
+
+def _cpu_like_costs() -> CostModel:
+    c = CostModel()
+    for n, rel in zip(range(1, 10), [1, 1.90, 2.36, 2.80, 3.66, 4.0, 4.3, 4.69, 5.2]):  # NOTES §5, SmolLM2
+        c.verify_s[n] = 0.0066 * rel
+    c.draft_step_s = 0.0015
+    return c
+
+
+def _run(controller: KController, accept_all: bool, cycles: int = 400) -> list[int]:
+    chosen = []
+    for _ in range(cycles):
+        k = controller.choose()
+        chosen.append(k)
+        controller.acceptance.observe(k, k if accept_all else 0)
+    return chosen
+
+
+def test_always_rejected_drafts_lead_to_plain_decoding():
+    for costs in (_gpu_like_costs(), _cpu_like_costs()):
+        chosen = _run(KController(k_max=8, costs=costs), accept_all=False)
+        tail = chosen[100:]
+        assert tail.count(0) / len(tail) > 0.95  # only the occasional 1-token probe
+        assert max(tail) <= 1
+
+
+def test_always_accepted_drafts_lead_to_a_large_k_where_batches_are_cheap():
+    chosen = _run(KController(k_max=8, costs=_gpu_like_costs()), accept_all=True)
+    assert min(chosen[-50:]) >= 7
+
+
+def test_compute_bound_costs_need_high_acceptance_to_speculate():
+    c = KController(k_max=8, costs=_cpu_like_costs())
+    c.acceptance = AcceptanceModel(8, prior=0.5)
+    assert c.choose() == 0  # coin-flip drafts do not pay when k drafts cost ~k decodes
+    c.acceptance = AcceptanceModel(8, prior=0.98)
+    assert c.choose() > 0
+
+
+def test_expected_tokens_and_cost_follow_the_formula():
+    a = AcceptanceModel(3, prior=0.5)
+    assert a.expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
+    costs = _cpu_like_costs()
+    assert abs(costs.cost(2) - (2.36 + 2 * 0.0015 / 0.0066)) < 1e-9
+
+
+def test_auto_mode_is_lossless_and_adapts(tiny_target):
+    with EdgeEagle(tiny_target, None, k="auto") as ee:
+        plain = ee.generate("Once upon a time", max_tokens=60, speculative=False).result().tokens
+        prompt = ee.target.tokenize("Once upon a time")
+        ee.drafter = OracleDrafter(prompt + plain)
+        gen = ee.generate("Once upon a time", max_tokens=60).result()
+        assert gen.tokens == plain
+        assert ee.controller is not None and ee.controller.costs.verify_s.get(1)
+        ee.drafter = OracleDrafter(prompt + plain, corrupt_every=1, vocab_size=ee.target.n_vocab)
+        ee.controller.acceptance = AcceptanceModel(ee.k_max, prior=0.5)
+        for _ in range(3):
+            gen = ee.generate("Once upon a time", max_tokens=60).result()
+            assert gen.tokens == plain
+        assert gen.stats.k_history[-10:].count(0) >= 9  # always-wrong drafts: plain decoding
