@@ -147,6 +147,9 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
         w.write_kv_data_to_file()
         w.write_tensors_to_file(progress=progress)
         w.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a model file is as readable as any other
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ logits of the model the checkpoint was written from; every bad input is refused 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -242,3 +243,11 @@ def test_hub_repo_id_from_the_local_cache_with_revision(tmp_path, checkpoints, r
         assert g.meta["edge_eagle.source"] == "someone/tiny-eagle3"
         assert g.meta.get("edge_eagle.revision") == revision
         assert verify_drafter(out, tiny_target, references["specforge"]).top1_agreement == 1.0
+
+
+def test_output_file_has_ordinary_permissions(checkpoints, tiny_target, tmp_path):
+    out = tmp_path / "perm.gguf"
+    convert(checkpoints["safeailab"], tiny_target, out, outtype="f16", **quiet)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask

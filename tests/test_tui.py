@@ -45,7 +45,7 @@ def _static(app: EdgeEagleChat, selector: str) -> str:
 
 def test_type_stream_and_stats(engine, tmp_path):
     async def run():
-        app = EdgeEagleChat(ChatOptions(max_tokens=24), engine=engine, save_dir=tmp_path)
+        app = EdgeEagleChat(ChatOptions(max_tokens=24, k=3), engine=engine, save_dir=tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             await _ask(pilot, app, "Tell me a story")
@@ -75,15 +75,18 @@ def test_type_stream_and_stats(engine, tmp_path):
 
 def test_escape_stops_generation_cleanly(engine):
     async def run():
-        app = EdgeEagleChat(ChatOptions(max_tokens=300), engine=engine)
+        app = EdgeEagleChat(ChatOptions(max_tokens=700, k=3), engine=engine)
         async with app.run_test(size=(120, 40)) as pilot:
             await _ask(pilot, app, "Go on forever")
-            await pilot.pause(0.3)
+            reply = list(app.query(ChatMessage))[-1]
+            while not reply.text:  # stop as soon as the reply has started
+                await pilot.pause(0.01)
             await pilot.press("escape")
             await _idle(pilot, app)
-            reply = list(app.query(ChatMessage))[-1]
             assert "cancelled" in reply.footer
+            assert len(engine.last_stats.k_history) < 700
             # the engine still works after the cancel
+            app.options.max_tokens = 16
             await _ask(pilot, app, "Short one")
             await _idle(pilot, app)
             assert list(app.query(ChatMessage))[-1].footer
