@@ -48,6 +48,15 @@ class CostModel:
                 best = max(best, self.verify_s[known] / one * m / known)
         return best
 
+    def c_at(self, n: int, floor: float) -> float:
+        """c(n) for best_k's incremental pass: measured, else extrapolated from `floor` = c(n-1)."""
+        one = self.verify_s.get(1)
+        if not one:
+            return float(n)
+        if n in self.verify_s:
+            return self.verify_s[n] / one
+        return floor * n / (n - 1)
+
     def d(self) -> float:
         one = self.verify_s.get(1)
         if not one or self.draft_step_s is None:
@@ -104,6 +113,9 @@ class KController:
     k_max: int = 8
     probe_every: int = 64
     margin: float = 0.03  # speculate only if the model predicts a gain beyond its own noise
+    reeval_every: int = 16
+    _cached: int | None = None
+    _since_eval: int = 0
     costs: CostModel = field(default_factory=CostModel)
     acceptance: AcceptanceModel | None = None
     _plain_run: int = 0
@@ -116,10 +128,27 @@ class KController:
         assert self.acceptance is not None
         return self.acceptance.expected_tokens(k) / self.costs.cost(k) if k else 1.0
 
+    def best_k(self) -> int:
+        """argmax_k E(k)/C(k) in one O(k_max) pass (this runs in the decode loop)."""
+        assert self.acceptance is not None
+        best, best_ratio = 0, 1.0 + self.margin
+        d = self.costs.d()
+        expected, reach, c_prev = 1.0, 1.0, 1.0
+        for k in range(1, self.k_max + 1):
+            reach *= self.acceptance.rate(k - 1)
+            expected += reach
+            c_prev = max(c_prev, self.costs.c_at(k + 1, c_prev))
+            ratio = expected / (c_prev + k * d)
+            if ratio > best_ratio:
+                best, best_ratio = k, ratio
+        return best
+
     def choose(self) -> int:
-        best = max(range(self.k_max + 1), key=self.speedup)
-        if self.speedup(best) < 1.0 + self.margin:
-            best = 0
+        # re-decide after new acceptance evidence, else every `reeval_every` cycles
+        if self._cached is None or self._since_eval >= self.reeval_every:
+            self._cached, self._since_eval = self.best_k(), 0
+        self._since_eval += 1
+        best = self._cached
         if best == 0:
             self._plain_run += 1
             if self._plain_run >= self.probe_every:
@@ -135,3 +164,4 @@ class KController:
         self.costs.observe_draft(drafted, draft_s)
         if drafted:
             self.acceptance.observe(drafted, accepted)
+            self._cached = None

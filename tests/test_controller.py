@@ -48,9 +48,17 @@ def test_always_accepted_drafts_lead_to_a_large_k_where_batches_are_cheap():
 def test_compute_bound_costs_need_high_acceptance_to_speculate():
     c = KController(k_max=8, costs=_cpu_like_costs())
     c.acceptance = AcceptanceModel(8, prior=0.5)
-    assert c.choose() == 0  # coin-flip drafts do not pay when k drafts cost ~k decodes
+    assert c.best_k() == 0  # coin-flip drafts do not pay when k drafts cost ~k decodes
     c.acceptance = AcceptanceModel(8, prior=0.98)
-    assert c.choose() > 0
+    assert c.best_k() > 0
+
+
+def test_best_k_is_the_argmax_of_the_modelled_speedup():
+    for costs in (_cpu_like_costs(), _gpu_like_costs()):
+        for prior in (0.2, 0.5, 0.8, 0.95, 0.99):
+            c = KController(costs=costs, acceptance=AcceptanceModel(8, prior=prior))
+            best = max(range(9), key=c.speedup)
+            assert c.best_k() == (best if c.speedup(best) >= 1 + c.margin else 0)
 
 
 def test_expected_tokens_and_cost_follow_the_formula():
