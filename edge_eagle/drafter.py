@@ -34,9 +34,10 @@ class Drafter(ABC):
         token at P+1, so the last row waits for the next ingest() or propose()."""
 
     @abstractmethod
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
         """Up to k draft tokens that follow `tokens` (the whole committed sequence); a drafter
-        with confidences stops early once its top probability falls below p_min."""
+        with confidences stops early once its top probability falls below p_min. A drafter
+        that `samples` picks each draft with choose(logits) -> (token, q) when given one."""
 
     def close(self) -> None:
         """Release native resources."""
@@ -53,7 +54,7 @@ class NgramDrafter(Drafter):
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
         seq = np.asarray(tokens, dtype=np.int64)
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
@@ -81,7 +82,7 @@ class OracleDrafter(Drafter):
     def reset(self) -> None:
         self._count = 0
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
         n = len(tokens)
         if list(tokens) != self.reference[:n]:
             return []

@@ -52,10 +52,8 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
         room = min(want, max_tokens - produced - 1, target.n_ctx - n_past - 1)  # type: ignore[type-var]
         drafts: list[int] = []
         if drafter is not None and room > 0:
-            if drafter.samples and not sampler.params.greedy:
-                drafts = drafter.propose(seq, room, p_min, choose=sampler.draft)[:room]  # type: ignore[call-arg]
-            else:
-                drafts = drafter.propose(seq, room, p_min)[:room]
+            choose = sampler.draft if drafter.samples and not sampler.params.greedy else None
+            drafts = drafter.propose(seq, room, p_min, choose)[:room]
         t_verify = perf_counter()
         batch = [seq[-1]] + drafts
         res = target.decode(batch, n_past, "all" if drafts else "last")
