@@ -111,7 +111,8 @@ class AcceptanceModel:
 @dataclass
 class KController:
     k_max: int = 8
-    probe_every: int = 64
+    probe_every: int = 128
+    idle_window: int = 16  # rows of context the drafter keeps while decoding is plain
     margin: float = 0.03  # speculate only if the model predicts a gain beyond its own noise
     reeval_every: int = 16
     _cached: int | None = None

@@ -33,6 +33,11 @@ class Drafter(ABC):
         (exactly what the target decoded and kept). EAGLE pairs the features at P with the
         token at P+1, so the last row waits for the next ingest() or propose()."""
 
+    def trim(self, keep: int) -> None:
+        """Keep at most `keep` not-yet-processed rows: the loop calls this while it decodes
+        plainly, so an idle drafter costs nothing per token (its next proposal then sees
+        only that window of context)."""
+
     @abstractmethod
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
         """Up to k draft tokens that follow `tokens` (the whole committed sequence); a drafter

@@ -177,6 +177,18 @@ class EagleDrafter(Drafter):
         self._pend_tokens: list[int] = []
         self._pend_pos0 = 0
         self._pend_rows = 0
+        self._stale = False  # rows were dropped: the KV no longer continues into the pending rows
+
+    def trim(self, keep: int) -> None:
+        drop = self._pend_rows - max(1, keep)
+        if drop <= 0:
+            return
+        feats = np.concatenate(self._pend_feats)[drop:]
+        self._pend_feats = [feats]
+        self._pend_tokens = self._pend_tokens[drop:]
+        self._pend_pos0 += drop
+        self._pend_rows -= drop
+        self._stale = True
 
     def ingest(self, features: np.ndarray, pos0: int, tokens: Sequence[int]) -> None:
         if len(features) == 0:
@@ -283,7 +295,11 @@ class EagleDrafter(Drafter):
         toks = self._pend_tokens + [int(tokens[-1])]
         feats = np.concatenate(self._pend_feats) if len(self._pend_feats) > 1 else self._pend_feats[0]
         pos0 = self._pend_pos0
-        self.memory.remove_from(pos0)  # drop chain rows of the last proposal
+        if self._stale:  # llama.cpp accepts any start position on an empty KV, not a gap
+            self.memory.clear()
+            self._stale = False
+        else:
+            self.memory.remove_from(pos0)  # drop chain rows of the last proposal
         g = self.encode(feats, pos0)
         self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
         logits, h = self.decode(toks, g, pos0)

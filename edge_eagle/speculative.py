@@ -64,6 +64,8 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
         t_ingest = perf_counter()
         if wants_features:
             drafter.ingest(res.features[: n_acc + 1], n_past, batch[: n_acc + 1])  # type: ignore[union-attr]
+            if controller is not None and want == 0:
+                drafter.trim(controller.idle_window)  # type: ignore[union-attr]
         t_end = perf_counter()
 
         stats.t_verify += t_ingest - t_verify

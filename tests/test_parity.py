@@ -71,3 +71,35 @@ def test_upstream_keys_only_drafter_runs_as_eagle3(tiny_drafters):
 
     g = read_gguf(tiny_drafters["upstream_keys_only"][0])
     assert not [k for k in g.meta if k.startswith("edge_eagle.")]
+
+
+def test_trimmed_idle_drafter_matches_reference_on_its_window(tiny_target, tiny_drafters):
+    """While auto decodes plainly the drafter keeps only a window of pending rows; its next
+    chain must equal the reference run on exactly that window (RoPE is relative, so the
+    window's absolute positions do not matter), whatever its KV held before."""
+    import torch
+
+    from edge_eagle.reference import reference_chain
+
+    path, model = tiny_drafters["eagle3.1"]
+    target = Target(tiny_target, n_ctx=256)
+    drafter = EagleDrafter(path, target)
+    try:
+        target.set_capture(drafter.target_layers)
+        seq = target.tokenize("A long enough prompt so that the window really drops rows: " * 3)
+        res = target.prefill(seq)
+        nxt = int(np.argmax(res.logits[-1]))
+        drafter.ingest(res.features[:10], 0, seq[:10])
+        drafter.propose(seq[:11], 3)  # the KV now holds rows that the trim will orphan
+        drafter.ingest(res.features[10:], 10, seq[10:])
+        drafter.trim(8)
+        window = seq[-8:] + [nxt]
+        drafts, logits = drafter.propose_with_logits(seq + [nxt], 4)
+        ref_drafts, ref_logits = reference_chain(model, torch.from_numpy(res.features[-8:]), window, 4)
+        assert drafts == ref_drafts
+        ref = ref_logits.numpy()
+        finite = np.isfinite(ref)
+        assert np.abs(np.stack(logits)[finite] - ref[finite]).max() <= ATOL
+    finally:
+        drafter.close()
+        target.close()
