@@ -48,15 +48,6 @@ class CostModel:
                 best = max(best, self.verify_s[known] / one * m / known)
         return best
 
-    def c_at(self, n: int, floor: float) -> float:
-        """c(n) for best_k's incremental pass: measured, else extrapolated from `floor` = c(n-1)."""
-        one = self.verify_s.get(1)
-        if not one:
-            return float(n)
-        if n in self.verify_s:
-            return self.verify_s[n] / one
-        return floor * n / (n - 1)
-
     def d(self) -> float:
         one = self.verify_s.get(1)
         if not one or self.draft_step_s is None:
@@ -130,19 +121,9 @@ class KController:
         return self.acceptance.expected_tokens(k) / self.costs.cost(k) if k else 1.0
 
     def best_k(self) -> int:
-        """argmax_k E(k)/C(k) in one O(k_max) pass (this runs in the decode loop)."""
-        assert self.acceptance is not None
-        best, best_ratio = 0, 1.0 + self.margin
-        d = self.costs.d()
-        expected, reach, c_prev = 1.0, 1.0, 1.0
-        for k in range(1, self.k_max + 1):
-            reach *= self.acceptance.rate(k - 1)
-            expected += reach
-            c_prev = max(c_prev, self.costs.c_at(k + 1, c_prev))
-            ratio = expected / (c_prev + k * d)
-            if ratio > best_ratio:
-                best, best_ratio = k, ratio
-        return best
+        """argmax_k E(k)/C(k); plain decoding unless the best beats it by `margin`."""
+        best = max(range(self.k_max + 1), key=self.speedup)
+        return best if self.speedup(best) >= 1.0 + self.margin else 0
 
     def choose(self) -> int:
         # re-decide after new acceptance evidence, else every `reeval_every` cycles
