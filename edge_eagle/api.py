@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -62,6 +63,236 @@ class Generation:
     def cancel(self) -> None:
         """Stop at the next step boundary (thread-safe)."""
         self._cancel.set()
+
+    def close(self) -> None:
+        if self._iter is not None:
+            self._iter.close()  # type: ignore[attr-defined]
+
+    def result(self) -> "Generation":
+        """Run to the end; return self."""
+        for _ in self:
+            pass
+        return self
+
+    def _run(self) -> Iterator[Token]:
+        eng = self._engine
+        with eng._acquire():
+            drafter = eng.drafter if self._speculative else None
+            sampler = Sampler(self._sampling)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
+            try:
+                k = eng.auto_controller() if self._k == "auto" and drafter is not None else self._k
+                steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
+                                  k=0 if k == "auto" else k, sampler=sampler, stats=self.stats, p_min=self._p_min)
+                for new, origins in steps:
+                    for tok, origin in zip(new, origins):
+                        if eng.target.is_eog(tok):
+                            self.finish_reason = "stop"
+                            break
+                        self.tokens.append(tok)
+                        piece = decoder.decode(eng.target.token_bytes(tok))
+                        held.append((tok, piece, origin))
+                        text = self.text + "".join(p for _, p, _ in held)
+                        cut = _find_stop(text, self._stop, len(self.text))
+                        if cut is not None:
+                            yield from self._release(held, cut, truncate=True)
+                            self.finish_reason = "stop"
+                            break
+                        yield from self._release(held, len(text) - _partial_stop(text, self._stop))
+                    if self.finish_reason or self._cancel.is_set():
+                        break
+                if self.finish_reason is None:
+                    self.finish_reason = "cancelled" if self._cancel.is_set() else "length"
+                yield from self._release(held, None)  # empty after a stop string
+            finally:
+                if self.finish_reason is None:
+                    self.finish_reason = "cancelled"
+                eng.stats.merge(self.stats)
+                eng.last_stats = self.stats
+
+    def _release(self, held: list[tuple[int, str, str]], upto: int | None,
+                 truncate: bool = False) -> Iterator[Token]:
+        """Emit held tokens whose text ends by char `upto` of the full text (all if None).
+        With truncate (a stop string begins at upto), the straddling token is cut there
+        and the rest dropped."""
+        while held:
+            tok, piece, origin = held[0]
+            if upto is not None and len(self.text) + len(piece) > upto:
+                if truncate:
+                    held.clear()
+                    piece = piece[: max(0, upto - len(self.text))]
+                    if piece:
+                        self.text += piece
+                        yield Token(tok, piece, origin)
+                return
+            held.pop(0)
+            self.text += piece
+            yield Token(tok, piece, origin)
+
+
+def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Index where the earliest stop string begins in text[start - longest:], or None."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, start - len(s)))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _partial_stop(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    longest = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                longest = max(longest, n)
+                break
+    return longest
+
+
+def _check_k(k: int | str) -> int | str:
+    if k == "auto" or (isinstance(k, int) and k >= 0):
+        return k
+    raise EdgeEagleError(f"k must be 'auto' or a draft length of 0 or more, got {k!r}; pass --k auto or --k 4.")
+
+
+def calibrate(target: Target, controller: KController, n_max: int, reps: int = 3) -> None:
+    """Time target decodes of 1..n_max tokens (median of reps) into the controller's cost model."""
+    import statistics
+    from time import perf_counter
+
+    target.set_capture(())
+    pad = target.eos if target.eos >= 0 else 0
+    target.memory.clear()
+    target.decode([pad] * n_max, 0, "all")  # warm-up: first calls allocate
+    for n in range(1, n_max + 1):
+        times = []
+        for _ in range(reps):
+            target.memory.clear()
+            target.decode([pad] * 8, 0, "last")  # some context
+            t0 = perf_counter()
+            target.decode([pad] * n, 8, "all")
+            times.append(perf_counter() - t0)
+        controller.costs.verify_s[n] = statistics.median(times)
+    target.memory.clear()
+
+
+def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    """Format messages with the target's own chat template (a sandboxed Jinja2 render)."""
+    template = target.chat_template
+    if not template:
+        raise EdgeEagleError(f"{os.path.basename(target.path)} has no chat template; use generate() "
+                             "with a plain prompt instead.")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise EdgeEagleError(f"The chat template rejected the messages: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    eos = target.detokenize([target.eos]) if target.eos >= 0 else ""
+    return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                            eos_token=eos, bos_token="")
+
+
+class EdgeEagle:
+    """A target model, optionally a drafter, and the options to run them.
+
+    target: path to a target GGUF (None: the embedded SmolLM2-135M-Instruct).
+    drafter: path to an eagle3 GGUF, "default" (the shipped drafter for the default
+        target, else prompt lookup), "ngram" (prompt lookup), a Drafter, or None (plain).
+    """
+
+    def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
+                 None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
+                 n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8):
+        k = _check_k(k)
+        using_default_target = target is None
+        target_path = defaults.default_target() if target is None else target
+        self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                             capture=capture)
+        self.k, self.p_min, self.k_max = k, p_min, k_max
+        self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
+        self.drafter: Drafter | None
+        try:
+            self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads)
+        except BaseException:
+            self.target.close()
+            raise
+        self.stats = SpecStats()
+        self.last_stats: SpecStats | None = None
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def _make_drafter(self, drafter: str | os.PathLike[str] | Drafter | None, default_target: bool,
+                      n_gpu_layers: int, n_threads: int | None) -> Drafter | None:
+        if drafter is None or drafter == "none":
+            return None
+        if isinstance(drafter, Drafter):
+            return drafter
+        if drafter == "ngram":
+            return NgramDrafter()
+        if drafter == "default":
+            path = defaults.default_drafter() if default_target else None
+            return NgramDrafter() if path is None else EagleDrafter(path, self.target, n_gpu_layers=n_gpu_layers,
+                                                                    n_threads=n_threads)
+        return EagleDrafter(drafter, self.target, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                            gguf=read_gguf(drafter))
+
+    # --- generation ------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | str | None = None,
+                 stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
+                 add_special: bool = True) -> Generation:
+        """Stream a completion of `prompt` (text, or token ids)."""
+        tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise EdgeEagleError("The prompt is empty; give some text to continue.")
+        if max_tokens < 1:
+            raise EdgeEagleError(f"max_tokens must be at least 1, got {max_tokens}.")
+        if len(tokens) + max_tokens > self.target.n_ctx:
+            raise ContextOverflowError(
+                f"The prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context window "
+                f"({self.target.n_ctx}); shorten the prompt, lower max_tokens or raise n_ctx.")
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise EdgeEagleError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+        k = self.k if k is None else _check_k(k)
+        return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
+                          sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
+                          p_min=self.p_min if p_min is None else p_min)
+
+    def auto_controller(self) -> KController:
+        """The engine's k controller, its target costs c(n) measured on first use."""
+        if self.controller is None:
+            controller = KController(k_max=self.k_max)
+            calibrate(self.target, controller, self.k_max + 1)
+            self.controller = controller
+        return self.controller
+
+    def chat(self, messages: Sequence[Mapping[str, str]], **kwargs) -> Generation:
+        """Stream the assistant's reply to `messages`, formatted by the target's chat template."""
+        return self.generate(self.apply_chat_template(messages), add_special=False, **kwargs)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return render_chat(self.target, messages)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _acquire(self) -> Iterator[None]:
+        """Hold the engine for one generation; other threads wait, this thread may not nest."""
+        if self._owner == threading.get_ident():
+            raise EdgeEagleError("This thread is still iterating another generation; finish or close() "
+                                 "it before starting the next.")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     def close(self) -> None:
         if self._iter is not None:
