@@ -83,12 +83,16 @@ def make_drafter(path: Path, target_path: Path, seed: int = 0, draft_vocab: int 
                  **flags: bool) -> tuple[Path, Eagle3Reference]:
     """A random eagle3 drafter for this target, written to GGUF; returns the path and the reference."""
     target = read_gguf(target_path)
-    cfg = drafter_config(target, draft_vocab, **flags)
-    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array("token_embd.weight"))
-    d2t = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
-    model = random_reference(cfg, seed=seed, embed=embed, d2t=d2t)
-    write_eagle3(path, reference_weights(model), cfg, target, upstream_only=upstream_only)
+    model = random_drafter_model(target, drafter_config(target, draft_vocab, **flags), seed)
+    write_eagle3(path, reference_weights(model), model.cfg, target, upstream_only=upstream_only)
     return path, model
+
+
+def random_drafter_model(target: GGUFFile, cfg: Eagle3Config, seed: int) -> Eagle3Reference:
+    """Random weights, the target's embedding unless cfg has its own, a random sorted draft vocabulary."""
+    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array("token_embd.weight"))
+    d2t = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))
+    return random_reference(cfg, seed=seed, embed=embed, d2t=d2t[:cfg.draft_vocab_size].sort().values)
 
 
 # --- published-checkpoint layouts, written from a reference model -------------------------
@@ -178,6 +182,4 @@ def layout_reference(layout: str, target_path: Path, seed: int = 0) -> Eagle3Ref
     target = read_gguf(target_path)
     cfg = drafter_config(target, 2048, **LAYOUT_FLAGS[layout])
     cfg.target_layers = (2, 3, 5)  # not the default: the converter must read them from config.json
-    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array("token_embd.weight"))
-    d2t = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(seed))[:2048].sort().values
-    return random_reference(cfg, seed=seed, embed=embed, d2t=d2t)
+    return random_drafter_model(target, cfg, seed)
