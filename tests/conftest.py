@@ -7,6 +7,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import json  # noqa: E402
+
+from edge_eagle.target import Target  # noqa: E402
+from edge_eagle.train.data import iter_jsonl  # noqa: E402
+from edge_eagle.train.extract import extract  # noqa: E402
 from tests.tiny_models import make_drafter, smollm_path, write_tiny_target  # noqa: E402
 
 VARIANTS = {
@@ -50,3 +55,50 @@ def qwen2_target(tiny_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def qwen2_drafter(tiny_dir: Path, qwen2_target: Path) -> tuple:
     return make_drafter(tiny_dir / "tiny-qwen2-eagle3.1.gguf", qwen2_target, seed=9, fc_norm=True, norm_output=True)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    topics = ["the sea", "a red fox", "mountains", "old books", "the moon", "rain", "a small robot", "bread",
+              "rivers", "winter", "a garden", "music", "trains", "clocks", "birds", "stars"]
+    with open(path, "w") as f:
+        for t in topics:
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Tell me about {t}."}]}) + "\n")
+        f.write(json.dumps({"text": "Plain text records work too: one two three four five six."}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def features(tmp_path_factory, tiny_target, corpus) -> Path:
+    out = tmp_path_factory.mktemp("feat") / "features"
+    target = Target(tiny_target, n_ctx=512)
+    extract(target, (2, 4, 5), iter_jsonl(corpus), out, max_tokens=900, regenerate=True, max_new=48,
+            shard_tokens=300, progress=False)
+    # a later run with a larger budget resumes instead of starting over
+    before = json.loads((out / "manifest.json").read_text())
+    m = extract(target, (2, 4, 5), iter_jsonl(corpus), out, max_tokens=10**6, regenerate=True, max_new=48,
+                shard_tokens=300, progress=False)
+    target.close()
+    assert m["shards"][: len(before["shards"])] == before["shards"]
+    assert m["conversations_seen"] == 17 > before["conversations_seen"]
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_drafters(features, tiny_target, tmp_path_factory) -> dict:
+    """Drafters distilled briefly from the tiny target ("eagle3" and "eagle3.1" norms, same
+    data and steps): name -> (checkpoint dir, f32 GGUF). Good enough that acceptance is far
+    from zero."""
+    from converters import convert
+    from edge_eagle.train import TrainOptions, train
+
+    out = tmp_path_factory.mktemp("trained")
+    paths = {}
+    for name, eagle31 in (("eagle3", False), ("eagle3.1", True)):
+        opts = TrainOptions(steps=60, ttt_steps=3, batch_rows=512, draft_vocab=512, lr=3e-3, warmup=5,
+                            eagle31=eagle31)
+        train(features, tiny_target, out / name, opts, progress=False)
+        convert(out / name, tiny_target, out / f"trained-{name}.gguf", outtype="f32", log=lambda m: None)
+        paths[name] = (out / name, out / f"trained-{name}.gguf")
+    return paths

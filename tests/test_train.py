@@ -51,34 +51,6 @@ def test_ttt_states_equal_the_runtime_chain(eagle31):
                 torch.testing.assert_close(h[0, 0], states[j][0, p], atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
-    topics = ["the sea", "a red fox", "mountains", "old books", "the moon", "rain", "a small robot", "bread",
-              "rivers", "winter", "a garden", "music", "trains", "clocks", "birds", "stars"]
-    with open(path, "w") as f:
-        for t in topics:
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"Tell me about {t}."}]}) + "\n")
-        f.write(json.dumps({"text": "Plain text records work too: one two three four five six."}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def features(tmp_path_factory, tiny_target, corpus) -> Path:
-    out = tmp_path_factory.mktemp("feat") / "features"
-    target = Target(tiny_target, n_ctx=512)
-    extract(target, (2, 4, 5), iter_jsonl(corpus), out, max_tokens=900, regenerate=True, max_new=48,
-            shard_tokens=300, progress=False)
-    # a later run with a larger budget resumes instead of starting over
-    before = json.loads((out / "manifest.json").read_text())
-    m = extract(target, (2, 4, 5), iter_jsonl(corpus), out, max_tokens=10**6, regenerate=True, max_new=48,
-                shard_tokens=300, progress=False)
-    target.close()
-    assert m["shards"][: len(before["shards"])] == before["shards"]
-    assert m["conversations_seen"] == 17 > before["conversations_seen"]
-    return out
-
-
 def test_extracted_features_are_the_runtime_capture(features, tiny_target):
     z = np.load(features / "shard-00000.npz")
     a, b = z["starts"][:2]
@@ -103,15 +75,14 @@ def _tau(target_path: Path, drafter: Path, prompts: list[str]) -> float:
         return 1 + acc / steps
 
 
-def test_training_lowers_the_loss_and_beats_a_random_drafter(features, tiny_target, tmp_path):
-    opts = TrainOptions(steps=60, ttt_steps=3, batch_rows=512, draft_vocab=512, lr=3e-3, warmup=5)
-    summary = train(features, tiny_target, tmp_path / "ckpt", opts, progress=False)
-    hist = json.loads((tmp_path / "ckpt" / "train_history.json").read_text())
+def test_training_lowers_the_loss_and_beats_a_random_drafter(features, tiny_target, trained_drafters, tmp_path):
+    ckpt, trained_gguf = trained_drafters["eagle3.1"]  # 60 steps, TrainOptions as in conftest
+    hist = json.loads((ckpt / "train_history.json").read_text())
     first = np.mean([h["loss"] for h in hist[:5]])
     last = np.mean([h["loss"] for h in hist[-5:]])
     assert last < 0.7 * first, (first, last)
-    assert summary["steps"] == 60
-    convert(tmp_path / "ckpt", tiny_target, tmp_path / "trained.gguf", outtype="f32", **quiet)
+    assert len(hist) == 60
+    opts = TrainOptions(draft_vocab=512)
 
     # the same architecture and vocabulary, untrained
     target = read_gguf(tiny_target)
@@ -121,7 +92,7 @@ def test_training_lowers_the_loss_and_beats_a_random_drafter(features, tiny_targ
     convert(tmp_path / "random", tiny_target, tmp_path / "random.gguf", outtype="f32", **quiet)
 
     prompts = ["Tell me about the sea.", "Tell me about winter.", "Tell me about clocks."]
-    trained, untrained = _tau(tiny_target, tmp_path / "trained.gguf", prompts), _tau(
+    trained, untrained = _tau(tiny_target, trained_gguf, prompts), _tau(
         tiny_target, tmp_path / "random.gguf", prompts)
     assert trained > untrained + 0.2, (trained, untrained)
 

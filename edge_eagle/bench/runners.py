@@ -1,0 +1,281 @@
+"""The ways to decode that `edge-eagle bench` compares, behind one interface.
+
+Every runner gets the same prompt token ids (the target's chat template, tokenized the way
+llama.cpp's own tools do it) and generates up to n tokens greedily. Speed is decode
+throughput after the prompt (generated tokens / seconds after prefill), measured by the
+runner itself: Python timers for in-process runners, llama.cpp's own timer for the C++ loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import EdgeEagleError
+
+UPSTREAM_VERSION = "0.3.36"
+
+
+@dataclass
+class RunResult:
+    text: str  # the generated text
+    tokens: list[int] | None  # generated ids (None: the runner only reports text)
+    generated: int
+    seconds: float  # decode wall time after the prompt
+    spec: bool = False  # speculation figures below are meaningful
+    verify_steps: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    time_split: dict[str, float] | None = None  # seconds: verify, draft, overhead
+    k_mean: float | None = None
+    peak_rss: int | None = None  # bytes, for runners in their own process
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.seconds if self.seconds > 0 else 0.0
+
+
+class Runner:
+    name: str = "runner"
+    kind: str = "plain"  # plain | edge-eagle | upstream | prompt-lookup | draft-model
+    k: int | str | None = None
+    drafter: str | None = None
+
+    def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EngineRunner(Runner):
+    """Plain decoding (k None) or edge-eagle with a fixed k or "auto", on an EdgeEagle engine."""
+
+    def __init__(self, engine, k: int | str | None, drafter_label: str | None = None):
+        self.engine, self.k = engine, k
+        self.drafter = drafter_label
+        if k is None:
+            self.name, self.kind = "plain", "plain"
+        else:
+            self.kind = "edge-eagle"
+            label = f" [{drafter_label}]" if drafter_label else ""
+            self.name = f"edge-eagle {'auto' if k == 'auto' else f'k={k}'}{label}"
+
+    def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        gen = self.engine.generate(list(tokens), max_tokens=n, speculative=self.k is not None,
+                                   k=self.k if self.k is not None else 0).result()
+        s = gen.stats
+        return RunResult(text=gen.text, tokens=list(gen.tokens), generated=s.generated, seconds=s.t_total,
+                         spec=self.k is not None, verify_steps=s.verify_steps, accepted=s.accepted,
+                         drafted=s.drafted, drafted_at=list(s.drafted_at), accepted_at=list(s.accepted_at),
+                         time_split={"verify": s.t_verify, "draft": s.t_draft, "overhead": s.t_overhead},
+                         k_mean=(sum(s.k_history) / len(s.k_history)) if s.k_history else 0.0)
+
+
+class _RecordingDraft:
+    """Wraps a llama-cpp-python draft model and records each proposal (context length, draft)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def __call__(self, input_ids, **kwargs):
+        draft = self.inner(input_ids, **kwargs)
+        self.calls.append((len(input_ids), [int(t) for t in draft]))
+        return draft
+
+
+def acceptance_from_calls(calls: Sequence[tuple[int, Sequence[int]]], seq: Sequence[int]) -> dict:
+    """Per-step acceptance of recorded greedy proposals against the sequence that resulted:
+    draft i of a call at context length L is accepted iff drafts 0..i equal seq[L:L+i+1]."""
+    steps = accepted = drafted = 0
+    drafted_at: list[int] = []
+    accepted_at: list[int] = []
+    for length, draft in calls:
+        if length >= len(seq):
+            continue  # proposed after the last token we kept: never verified
+        draft = list(draft)[: len(seq) - length]
+        n_acc = 0
+        while n_acc < len(draft) and draft[n_acc] == seq[length + n_acc]:
+            n_acc += 1
+        steps += 1
+        drafted += len(draft)
+        accepted += n_acc
+        while len(drafted_at) < len(draft):
+            drafted_at.append(0)
+            accepted_at.append(0)
+        for i in range(len(draft)):
+            drafted_at[i] += 1
+            accepted_at[i] += i < n_acc
+    return dict(verify_steps=steps, accepted=accepted, drafted=drafted, drafted_at=drafted_at,
+                accepted_at=accepted_at)
+
+
+class PromptLookupRunner(Runner):
+    """llama-cpp-python's own prompt-lookup decoding (Llama(draft_model=LlamaPromptLookupDecoding))."""
+
+    kind = "prompt-lookup"
+
+    def __init__(self, target: str, k: int, n_ctx: int, n_threads: int | None, eos: set[int]):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.k, self.name, self.eos = k, f"prompt-lookup k={k}", eos
+        self.draft = _RecordingDraft(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
+        threads = n_threads or min(8, os.cpu_count() or 1)
+        # flash_attn=True: llama.cpp's tools and edge-eagle use AUTO (on, here); llama-cpp-python's
+        # default (off) shifts logits enough to flip near-ties. logits_all=True: with a draft model,
+        # llama-cpp-python sizes its logits buffer by n_batch unless logits_all is passed, and
+        # overflows once the sequence passes n_batch.
+        self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         draft_model=self.draft, logits_all=True, flash_attn=True, verbose=False)
+
+    def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        self.draft.calls.clear()
+        out: list[int] = []
+        t_first = 0.0
+        for tok in self.llm.generate(list(tokens), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                     reset=True):
+            if not out:
+                t_first = time.perf_counter()
+                self.draft.calls.clear()  # proposals before the first token belong to no verify step
+            if tok in self.eos:
+                break
+            out.append(int(tok))
+            if len(out) >= n:
+                break
+        seconds = time.perf_counter() - t_first if out else 0.0
+        seq = list(tokens) + out
+        acc = acceptance_from_calls(self.draft.calls, seq)
+        text = self.llm.detokenize(out).decode("utf-8", errors="replace")
+        # the first token comes from the prompt pass; decode throughput counts the rest
+        return RunResult(text=text, tokens=out, generated=max(0, len(out) - 1), seconds=seconds, spec=True, **acc)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def upstream_binary(build: bool = False) -> Path | None:
+    """The cached llama-speculative-simple built by scripts/build_upstream.sh (built now if asked)."""
+    env = os.environ.get("EDGE_EAGLE_UPSTREAM_BIN")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    cache = Path(os.environ.get("EDGE_EAGLE_CACHE") or
+                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge-eagle")
+    suffix = ""
+    if os.environ.get("CMAKE_ARGS"):
+        import hashlib
+
+        suffix = "-" + hashlib.sha1(os.environ["CMAKE_ARGS"].encode()).hexdigest()[:8]
+    binary = cache / f"llama.cpp-{UPSTREAM_VERSION}{suffix}" / "bin" / "llama-speculative-simple"
+    if binary.is_file():
+        return binary
+    if not build:
+        return None
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build_upstream.sh"
+    if not script.is_file():
+        raise EdgeEagleError("scripts/build_upstream.sh is missing; run bench from a source checkout of edge-eagle.")
+    subprocess.run(["bash", str(script)], check=True, stdout=subprocess.DEVNULL)
+    return binary if binary.is_file() else None
+
+
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_N = {name: re.compile(rf"{name}\s*=\s*(\d+)") for name in ("n_predict", "n_drafted", "n_accept")}
+_CALLS = re.compile(r"#calls\(b,g,a\) = \s*(\d+)\s+(\d+)\s+(\d+)")
+_PER_POS = re.compile(r"#acc rate/pos = \(([^)]*)\)")
+
+
+class UpstreamRunner(Runner):
+    """llama.cpp's C++ loop, examples/speculative-simple, as a subprocess per prompt:
+    `--spec-type draft-eagle3` (EAGLE-3 drafter) or `draft-simple` (a classic draft model)."""
+
+    def __init__(self, binary: Path, target: str, drafter: str, k: int, n_ctx: int, n_threads: int | None,
+                 spec_type: str = "draft-eagle3", name: str | None = None, prompt_echo=None):
+        self.binary, self.target, self.drafter, self.k = binary, target, drafter, k
+        self.n_ctx, self.spec_type = n_ctx, spec_type
+        self.threads = n_threads or min(8, os.cpu_count() or 1)
+        self.kind = "upstream" if spec_type == "draft-eagle3" else "draft-model"
+        self.name = name or (f"llama.cpp draft-eagle3 k={k}" if spec_type == "draft-eagle3"
+                             else f"draft-model k={k}")
+        self.prompt_echo = prompt_echo  # tokens -> the text upstream prints for the prompt
+
+    def command(self, prompt_file: str, n: int) -> list[str]:
+        return [str(self.binary), "-m", self.target, "-md", self.drafter, "--spec-type", self.spec_type,
+                "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+                "-f", prompt_file, "-n", str(n), "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
+                "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
+                "--seed", "0", "-lv", "4"]
+
+    def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+            f.write(prompt_text + "\n")  # `-f` drops one trailing newline; keep the prompt's own
+        try:
+            rc, out, err, rss = run_measured(self.command(f.name, n))
+        finally:
+            os.unlink(f.name)
+        m = _DECODED.search(err)
+        if rc != 0 or m is None:
+            tail = "\n".join(err.strip().splitlines()[-5:])
+            raise EdgeEagleError(f"llama-speculative-simple failed (exit {rc}): {tail}")
+        nums = {k: int(r.search(err).group(1)) if r.search(err) else 0 for k, r in _N.items()}
+        generated, seconds = int(m.group(1)), float(m.group(2))
+        steps = nums["n_predict"] - nums["n_accept"]  # each verify step emits accepted + 1 tokens
+        calls = _CALLS.search(err)
+        n_calls = int(calls.group(3)) if calls else steps
+        pos = _PER_POS.search(err)
+        rates = [float(x) for x in pos.group(1).split(",") if x.strip()] if pos else []
+        # upstream's per-position rates are per accept call; with p_min 0 every call drafts k
+        accepted_at = [round(r * n_calls) for r in rates]
+        text = out
+        if self.prompt_echo is not None:
+            echo = "\n\n" + self.prompt_echo(tokens)
+            text = out[len(echo):] if out.startswith(echo) else out
+        text = text[:-2] if text.endswith("\n\n") else text
+        return RunResult(text=text, tokens=None, generated=generated, seconds=seconds, spec=True,
+                         verify_steps=steps, accepted=nums["n_accept"], drafted=nums["n_drafted"],
+                         drafted_at=[n_calls] * len(accepted_at), accepted_at=accepted_at, peak_rss=rss)
+
+
+# Peak RSS of a child: ru_maxrss survives fork and exec, so a child of this (large) process
+# would report our own high-water mark. A fresh, small launcher process forks the real
+# command and reports that grandchild's ru_maxrss, which is then its own.
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+sys.stderr.write("\\nEDGE_EAGLE_PEAK_RSS_KB=%d\\n" % usage.ru_maxrss)
+sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+_PEAK = re.compile(r"\nEDGE_EAGLE_PEAK_RSS_KB=(\d+)\n$")
+
+
+def run_measured(cmd: Sequence[str], timeout: float = 900.0) -> tuple[int, str, str, int | None]:
+    """Run a command; return (exit code, stdout, stderr, its own peak RSS in bytes)."""
+    try:
+        proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *cmd], capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EdgeEagleError(f"{Path(cmd[0]).name} ran longer than {timeout:.0f} s; lower -n or use fewer "
+                             "prompts.") from None
+    err = proc.stderr.decode("utf-8", "replace")
+    m = _PEAK.search(err)
+    rss = int(m.group(1)) * 1024 if m else None
+    if m:
+        err = err[: m.start()]
+    return proc.returncode, proc.stdout.decode("utf-8", "replace"), err, rss
+
+
+def have_compiler() -> bool:
+    return shutil.which("cmake") is not None and (shutil.which("c++") is not None or shutil.which("g++") is not None)
+

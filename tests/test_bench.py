@@ -1,0 +1,176 @@
+"""`edge-eagle bench`: end to end on the tiny synthetic models (every runner, all three
+outputs), and the pieces its numbers come from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_eagle.bench.prompts import load_jsonl
+from edge_eagle.bench.report import markdown
+from edge_eagle.bench.run import BenchOptions, _greedy_equal, _predict, run_bench
+from edge_eagle.bench.runners import EngineRunner, RunResult, acceptance_from_calls, run_measured, upstream_binary
+from edge_eagle.cli import main
+from edge_eagle.errors import EdgeEagleError
+from tests.tiny_models import write_tiny_target
+
+PROMPTS = [
+    {"id": "a", "category": "writing", "prompt": "Write a haiku about the sea."},
+    {"id": "b", "category": "math", "prompt": "What is 12 times 12?"},
+    {"id": "c", "category": "writing", "prompt": "Describe a red apple."},
+]
+REQUIRED = {"name", "tokens_per_second", "speedup", "tau", "per_position_acceptance"}
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("bench") / "prompts.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in PROMPTS) + "\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Path:
+    binary = upstream_binary()
+    if binary is None:
+        pytest.skip("llama-speculative-simple is not built: `make test` builds it (scripts/build_upstream.sh)")
+    return binary
+
+
+def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target, tiny_drafters, upstream):
+    draft_model = write_tiny_target(tmp_path / "tiny-draft-model.gguf", seed=11, n_layer=2)
+    out = tmp_path / "out"
+    rc = main(["bench", "--prompts", str(prompt_file), "-n", "12", "--target", str(tiny_target),
+               "--drafter", str(tiny_drafters["eagle3"][0]), "--drafter", str(tiny_drafters["eagle3.1"][0]),
+               "--k", "2", "--draft-model", str(draft_model), "--draft-model-k", "2", "--threads", "1",
+               "--n-ctx", "512", "--out", str(out), "--json", str(tmp_path / "report.json"), "--quiet"])
+    assert rc == 0
+    for name in ("bench.json", "bench.md", "acceptance.png", "speedup_by_category.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((tmp_path / "report.json").read_text())
+    names = [r["name"] for r in report["runners"]]
+    assert names[0] == "plain"
+    for want in ("edge-eagle k=2 [tiny-eagle3]", "edge-eagle auto [tiny-eagle3.1]",
+                 "llama.cpp draft-eagle3 k=2 [tiny-eagle3]", "llama.cpp draft-eagle3 k=2 [tiny-eagle3.1]",
+                 "prompt-lookup k=3", "draft-model k=2"):
+        assert want in names, names
+    for r in report["runners"]:
+        assert REQUIRED <= r.keys(), r["name"]
+        assert r["tokens_per_second"] > 0, r["name"]
+        assert r["peak_rss_mb"] and r["peak_rss_mb"] > 10, r["name"]
+        assert set(r["speedup_by_category"]) == {"math", "writing"}
+        if r["kind"] in ("edge-eagle", "upstream", "draft-model", "prompt-lookup"):
+            assert r["tau"] is not None and r["tau"] >= 1.0, r["name"]
+    by = {r["name"]: r for r in report["runners"]}
+    assert by["plain"]["speedup"] == 1.0 and by["plain"]["tau"] is None
+    # the same drafter, the same greedy semantics: every runner reproduces plain decoding
+    for name in ("edge-eagle k=2 [tiny-eagle3]", "edge-eagle k=2 [tiny-eagle3.1]", "edge-eagle auto [tiny-eagle3]"):
+        assert by[name]["greedy_equals_plain"]["ok"], name
+    assert len(by["edge-eagle k=2 [tiny-eagle3]"]["per_position_acceptance"]) == 2
+    assert report["prompts"]["count"] == 3 and report["cost_model"]["c"]["1"] == 1.0
+    md = (out / "bench.md").read_text()
+    assert all(n in md for n in names)
+
+
+def test_same_semantics_as_upstream_on_an_eagle3_drafter(tmp_path, tiny_target, trained_drafters, upstream):
+    """Drafters distilled from the tiny target, same k, greedy: on the EAGLE-3 one, upstream's
+    C++ loop accepts what ours accepts (same semantics)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {t}."}) + "\n"
+                               for t in ("the sea", "winter", "clocks", "a garden")))
+    report = run_bench(BenchOptions(prompts=str(prompts), max_tokens=40, target=str(tiny_target),
+                                    drafters=[str(trained_drafters["eagle3"][1])],
+                                    ks=[3], auto=False, prompt_lookup_k=None, threads=1, n_ctx=512, memory=False),
+                       progress=False)
+    by = {r["kind"]: r for r in report["runners"]}
+    ours, theirs = by["edge-eagle"], by["upstream"]
+    assert ours["greedy_equals_plain"]["ok"] and theirs["greedy_equals_plain"]["ok"]
+    assert ours["tau"] > 1.2, ours["tau"]  # far from a trivial 0 == 0
+    assert abs(ours["tau"] - theirs["tau"]) <= 0.03 * ours["tau"], (ours["tau"], theirs["tau"])
+
+
+@pytest.mark.smollm
+def test_upstream_runs_the_shipped_eagle31_drafter_as_eagle3_and_accepts_less(tmp_path, upstream):
+    """The real SmolLM2 target and the shipped EAGLE-3.1 drafter: upstream llama.cpp ignores
+    fc_norm / norm_output, so its drafts are worse than edge-eagle's from the same file."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in (
+        "Write a short travel blog post about a trip to Hawaii.",
+        "Explain how a bicycle works to a ten year old.",
+        "Give three tips for writing clean Python code.")))
+    report = run_bench(BenchOptions(prompts=str(prompts), max_tokens=64, ks=[3], auto=False, prompt_lookup_k=None,
+                                    memory=False), progress=False)
+    by = {r["kind"]: r for r in report["runners"]}
+    assert by["edge-eagle"]["greedy_equals_plain"]["ok"]
+    assert by["edge-eagle"]["tau"] > by["upstream"]["tau"], (by["edge-eagle"]["tau"], by["upstream"]["tau"])
+
+
+def test_acceptance_from_recorded_proposals():
+    seq = [1, 2, 3, 4, 5, 6, 7]
+    calls = [(2, [3, 4, 9]),  # 2 accepted, third wrong
+             (5, [6, 7]),  # both accepted (cut at the end of seq)
+             (7, [8])]  # after the last kept token: never verified
+    acc = acceptance_from_calls(calls, seq)
+    assert acc == {"verify_steps": 2, "accepted": 4, "drafted": 5, "drafted_at": [2, 2, 1],
+                   "accepted_at": [2, 2, 0]}
+
+
+def test_greedy_equality_check():
+    plain = RunResult(text="hello world", tokens=[1, 2, 3], generated=3, seconds=1.0)
+    assert _greedy_equal(RunResult("hello world", [1, 2, 3], 3, 1.0), plain, 3)
+    assert not _greedy_equal(RunResult("hello world", [1, 2, 4], 3, 1.0), plain, 3)
+    assert _greedy_equal(RunResult("hello world and more", None, 5, 1.0), plain, 3)  # upstream overshoots n
+    assert not _greedy_equal(RunResult("hello there", None, 3, 1.0), plain, 3)
+
+
+def test_cost_model_prediction():
+    r = EngineRunner(engine=None, k=3)
+    r.drafter = "d.gguf"
+    out = _predict(r, {"tau": 2.0}, {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, {"d.gguf": 0.1})
+    assert out["predicted_speedup"] == pytest.approx(2.0 / (2.0 + 0.3), abs=1e-4)
+    assert out["predicted_speedup_memory_bound"] == pytest.approx(2.0 / 1.3, abs=1e-4)
+
+
+def test_peak_rss_is_the_childs_own():
+    import numpy as np
+
+    ballast = np.ones(300 * 2**20 // 8)  # make this process large: the child must not inherit it
+    rc, out, _, rss = run_measured(["python3", "-c", "import sys; b = bytearray(64 * 2**20); print(len(b))"])
+    assert rc == 0 and out.strip() == str(64 * 2**20)
+    assert 64 * 2**20 < rss < 250 * 2**20
+    del ballast
+
+
+def test_prompt_file_errors(tmp_path):
+    with pytest.raises(EdgeEagleError, match="not found"):
+        load_jsonl(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    with pytest.raises(EdgeEagleError, match="line 2 is not JSON"):
+        load_jsonl(bad)
+    bad.write_text('{"text": 3}\n')
+    with pytest.raises(EdgeEagleError, match="no prompt"):
+        load_jsonl(bad)
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"turns": ["first", "second"], "category": "x"}\n{"messages": [{"role": "user", '
+                    '"content": "hi"}]}\n')
+    assert [(p.category, p.text) for p in load_jsonl(good)] == [("x", "first"), ("default", "hi")]
+
+
+def test_markdown_lists_every_runner():
+    runner = {"name": "plain", "kind": "plain", "tokens_per_second": 10.0, "speedup": 1.0, "speedup_min": 1.0,
+              "speedup_max": 1.0, "tau": None, "per_position_acceptance": [], "peak_rss_mb": 100.0,
+              "rss_over_plain_mb": 0.0, "greedy_equals_plain": {"equal": 2, "prompts": 2, "ok": True},
+              "predicted_speedup": 1.0, "predicted_speedup_memory_bound": 1.0, "time_split": None}
+    spec = dict(runner, name="edge-eagle k=3", tau=1.5, per_position_acceptance=[0.5, 0.2, 0.1, 0.0, 0.0, 0.0])
+    report = {"target": "t.gguf", "machine": {"cpu": "cpu", "cores": 2, "threads": 2, "memory_gib": 8,
+                                              "backend": "b"},
+              "prompts": {"set": "x", "count": 2, "categories": ["a"]}, "settings": {"max_tokens": 8},
+              "runners": [runner, spec], "skipped": [{"runner": "llama.cpp", "why": "not built"}],
+              "cost_model": {"c": {"1": 1.0}, "target_step_s": 0.01, "drafter_step": {}}}
+    md = markdown(report)
+    assert "| plain |" in md and "| edge-eagle k=3 |" in md and "0.50 0.20 0.10 0.00 0.00 …" in md
+    assert "Not run: llama.cpp (not built)" in md
