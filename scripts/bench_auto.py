@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle, SpecStats  # noqa: E402
+from edge_eagle.fsutil import atomic_write  # noqa: E402
 from scripts.eval_drafter import mtbench_first_turns  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def main() -> int:
                 out[name] = {"speedup_median": round(statistics.median(r), 3), "min": round(min(r), 3),
                              "max": round(max(r), 3), "prompts": len(r)}
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        atomic_write(args.json, json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
     return 0
 

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle, SpecStats  # noqa: E402
+from edge_eagle.fsutil import atomic_write  # noqa: E402
 
 
 def mtbench_first_turns() -> list[dict]:
@@ -63,7 +64,7 @@ def main() -> int:
                 print(f"{r['drafter']} k={k}: tau {r['tau']:.2f}, per-position "
                       f"{' '.join(f'{x:.2f}' for x in r['per_position_acceptance'])}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        atomic_write(args.json, json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return 0
 

@@ -16,9 +16,7 @@ from edge_eagle.gguf_file import read_gguf
 from edge_eagle.parity import verify_drafter
 from edge_eagle.reference import Eagle3Config, random_reference
 from edge_eagle.target import Target
-from edge_eagle.train import TrainOptions, save_checkpoint, train
-from edge_eagle.train.data import iter_jsonl
-from edge_eagle.train.extract import extract
+from edge_eagle.train import TrainOptions, save_checkpoint
 from edge_eagle.train.pipeline import draft_vocabulary, init_model
 from edge_eagle.train.ttt import ttt_states
 

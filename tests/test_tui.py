@@ -148,7 +148,7 @@ def test_real_terminal_smoke_with_the_default_model(tmp_path):
     """tmux runs `edge-eagle chat` on the embedded default model; send a question, read the screen."""
     session = f"ee-smoke-{os.getpid()}"
     exe = Path(sys.executable).parent / "edge-eagle"
-    env = f"HF_HUB_OFFLINE=1 TERM=xterm-256color"
+    env = "HF_HUB_OFFLINE=1 TERM=xterm-256color"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "140", "-y", "45",
                     f"cd {tmp_path} && {env} {exe} chat -n 32"], check=True)
     subprocess.run(["tmux", "resize-window", "-t", session, "-x", "140", "-y", "45"], capture_output=True)

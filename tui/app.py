@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Input
 
 from edge_eagle import EdgeEagle, EdgeEagleError
+from edge_eagle.fsutil import atomic_write
 
 from .widgets import ChatMessage, StatsPanel
 
@@ -239,9 +240,7 @@ class EdgeEagleChat(App):
             return
         path = self.save_dir / f"edge-eagle-chat-{time.strftime('%Y%m%d-%H%M%S')}.md"
         body = "\n\n".join(f"**{m['role']}**:\n\n{m['content']}" for m in self.history) + "\n"
-        tmp = path.with_suffix(".md.tmp")
-        tmp.write_text(body, encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, body)
         self.notify(f"Saved {path}")
 
     async def action_new_chat(self) -> None:

@@ -8,17 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+from ..fsutil import atomic_write
 
 
 def _fmt(x: Any, spec: str = ".2f", none: str = "–") -> str:
@@ -117,11 +107,11 @@ def write_all(report: dict[str, Any], out_dir: Path, json_path: Path | None = No
     out_dir = Path(out_dir)
     data = (json.dumps(report, indent=2) + "\n").encode()
     written = {"json": Path(json_path) if json_path else out_dir / "bench.json"}
-    _atomic_write(written["json"], data)
+    atomic_write(written["json"], data)
     if json_path:
-        _atomic_write(out_dir / "bench.json", data)
+        atomic_write(out_dir / "bench.json", data)
     written["markdown"] = out_dir / "bench.md"
-    _atomic_write(written["markdown"], markdown(report).encode())
+    atomic_write(written["markdown"], markdown(report).encode())
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".plots."))
     try:
         for p in plots(report, tmp):

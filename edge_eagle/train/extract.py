@@ -22,6 +22,7 @@ import numpy as np
 
 from ..api import render_chat
 from ..errors import EdgeEagleError
+from ..fsutil import atomic_write
 from ..target import Target
 from .data import Conversation
 
@@ -129,9 +130,7 @@ def _save_shard(path: Path, seqs: list[Sequence_]) -> int:
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / MANIFEST)
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def extract(target: Target, layers: tuple[int, int, int], convs: Iterable[Conversation], out: Path, *,

@@ -16,6 +16,7 @@ import torch
 
 from .. import gguf_keys as K
 from ..errors import EdgeEagleError
+from ..fsutil import atomic_write
 from ..gguf_file import GGUFFile, read_gguf
 from ..reference import Eagle3Config, Eagle3Reference
 from .extract import MANIFEST
@@ -105,7 +106,7 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: d
     tmp = out / "model.safetensors.tmp"
     save_file(state, str(tmp))
     os.replace(tmp, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write(out / "config.json", json.dumps(config, indent=2))
     return out
 
 
@@ -170,5 +171,5 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
     }
     model.cpu()
     save_checkpoint(model, out, target.path.name, summary)
-    (out / "train_history.json").write_text(json.dumps(history))
+    atomic_write(out / "train_history.json", json.dumps(history))
     return summary
