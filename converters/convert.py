@@ -76,6 +76,35 @@ def _layer_ids(layout: L.Layout, config: Mapping[str, Any], n_layer: int, notes:
 
 def build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
                  notes: list[str], norm_output: bool | None = None):
+    """The drafter's Eagle3Config from config.json and the tensors; a malformed or
+    out-of-range value becomes one clear error, whatever its type."""
+    import math
+
+    try:
+        c = _build_config(ckpt, layout, tensors, target, notes, norm_output)
+    except EdgeEagleError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
+        raise _err(f"config.json has a missing or malformed value ({type(e).__name__}: {str(e)[:80]}); fix it or "
+                   "re-export the checkpoint.") from None
+    ints = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "draft_vocab_size": c.draft_vocab_size,
+            "max_position_embeddings": c.max_position_embeddings}
+    bad = [k for k, v in ints.items() if not 0 < v < 2**31]
+    if not bad and (c.num_attention_heads % c.num_key_value_heads or c.head_dim % 2):
+        bad = ["num_key_value_heads" if c.num_attention_heads % c.num_key_value_heads else "head_dim"]
+    if not bad and not (math.isfinite(c.rms_norm_eps) and 0 < c.rms_norm_eps < 1):
+        bad = ["rms_norm_eps"]
+    if not bad and not (math.isfinite(c.rope_theta) and c.rope_theta > 0):
+        bad = ["rope_theta"]
+    if bad:
+        raise _err(f"config.json has an impossible {bad[0]}; fix it or re-export the checkpoint.")
+    return c
+
+
+def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
+                 notes: list[str], norm_output: bool | None = None):
     from edge_eagle.reference import Eagle3Config, llama3_rope_factors
 
     cfg = dict(ckpt.config)

@@ -1,7 +1,8 @@
 """Where a checkpoint comes from: a local directory, or a Hugging Face repo fetched with
 huggingface-hub (HF_HUB_OFFLINE and the local cache honoured, --revision pinned).
-Weights: safetensors (single or sharded with an index) or pytorch_model.bin loaded with
-weights_only=True, so no code is ever unpickled."""
+Weights: safetensors (single or sharded with an index) or pytorch_model.bin, read by
+torch_zip without unpickling anything. File names taken from a checkpoint's index must be
+plain relative names inside its directory."""
 
 from __future__ import annotations
 
@@ -56,11 +57,16 @@ def _resolve_dir(src: str, revision: str | None) -> tuple[Path, str | None]:
 
 
 def _within(directory: Path, name: str) -> Path:
-    """A file named by the checkpoint's own index must stay inside the checkpoint directory."""
-    path = (directory / name).resolve()
-    if directory.resolve() not in path.parents:
+    """A file named by the checkpoint's own index must stay inside the checkpoint directory.
+    Checked on the name itself, not on resolved links: a Hugging Face cache snapshot is made
+    of links into the cache's blob store, which is fine; '..', absolute paths and drive or
+    backslash tricks in the name are not."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise EdgeEagleError("The checkpoint index names an empty or invalid file; re-download the checkpoint.")
+    parts = Path(name.replace("\\", "/")).parts
+    if Path(name).is_absolute() or name.startswith(("/", "\\")) or ":" in name or ".." in parts:
         raise EdgeEagleError(f"The checkpoint index names '{name}', outside its directory; refusing to read it.")
-    return path
+    return directory / Path(*parts)
 
 
 def _load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
@@ -80,21 +86,11 @@ def _load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
 
 
 def _load_bin(files: list[Path]) -> dict[str, np.ndarray]:
-    import pickle
-
-    import torch
+    from .torch_zip import load_torch_zip
 
     out: dict[str, np.ndarray] = {}
     for f in files:
-        try:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-            raise EdgeEagleError(f"{f.name} is not a loadable weights-only PyTorch file "
-                                 f"({str(e).splitlines()[0][:80]}); re-download it or use safetensors.") from None
-        for name, t in sd.items():
-            if not isinstance(t, torch.Tensor):
-                continue
-            out[name] = t.float().numpy() if t.is_floating_point() else t.numpy()
+        out.update(load_torch_zip(f))
     return out
 
 

@@ -25,7 +25,7 @@ from . import gguf_keys as K
 from ._llama import Memory, load_model, n_threads_default, new_context
 from .drafter import Drafter
 from .errors import EdgeEagleError, ModelFileError, PairMismatchError
-from .gguf_file import GGUFFile, read_gguf
+from .gguf_file import GGUFFile, check_hparams, read_gguf
 from .target import Target
 
 
@@ -141,6 +141,7 @@ class EagleDrafter(Drafter):
                  n_threads: int | None = None, gguf: GGUFFile | None = None):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
+        check_hparams(self.gguf)
         self.spec = check_pair(self.gguf, target.gguf)
         self.name = f"{self.spec.version} ({os.path.basename(self.path)})"
         self.target_layers = self.spec.target_layers

@@ -120,6 +120,12 @@ class GGUFFile:
         return dequantize(raw, info.type).reshape(tuple(reversed(info.shape))).astype(np.float32)
 
 
+def _show(text: str, limit: int = 48) -> str:
+    """Text fit for an error message: printable, one line, short."""
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
 class _Cursor:
     def __init__(self, buf: mmap.mmap | bytes, path: Path):
         self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
@@ -141,6 +147,16 @@ class _Cursor:
         n = self.unpack("<Q")
         return self.take(n).decode("utf-8", errors="replace")
 
+    def name(self, what: str, limit: int) -> str:
+        """A key or tensor name: printable ASCII of at most `limit` bytes."""
+        n = self.unpack("<Q")
+        if n > limit:
+            raise self.fail(f"a {what} name is {n} bytes long")
+        raw = self.take(n)
+        if not raw.isascii() or not all(32 < b < 127 for b in raw):
+            raise self.fail(f"a {what} name is not printable text ({_show(raw.decode('ascii', 'replace'))})")
+        return raw.decode("ascii")
+
     def skip_strings(self, count: int) -> None:
         buf, pos, size = self.buf, self.pos, self.size
         for _ in range(count):
@@ -161,7 +177,7 @@ def _value(cur: _Cursor, vtype: int, key: str, raw: dict[str, bytes]) -> Any:
     if vtype == _ARRAY:
         itype, count = cur.unpack("<I"), cur.unpack("<Q")
         if count > cur.size:
-            raise cur.fail(f"array '{key}' claims {count} elements")
+            raise cur.fail(f"array '{_show(key)}' claims {count} elements")
         if itype in _NP_SCALARS:
             width = np.dtype(_NP_SCALARS[itype]).itemsize
             return np.frombuffer(cur.take(count * width), dtype=_NP_SCALARS[itype]).copy()
@@ -176,8 +192,8 @@ def _value(cur: _Cursor, vtype: int, key: str, raw: dict[str, bytes]) -> Any:
             if key == K.TOKENS:
                 raw[key] = bytes(cur.buf[start:cur.pos])
             return items
-        raise cur.fail(f"array '{key}' has element type {itype}")
-    raise cur.fail(f"key '{key}' has value type {vtype}")
+        raise cur.fail(f"array '{_show(key)}' has element type {itype}")
+    raise cur.fail(f"key '{_show(key)}' has value type {vtype}")
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -202,14 +218,14 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raw: dict[str, bytes] = {}
         types: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
-            key = cur.string()
+            key = cur.name("key", 256)
             vtype = cur.unpack("<I")
             item = struct.unpack_from("<I", buf, cur.pos)[0] if vtype == _ARRAY and cur.pos + 4 <= size else None
             types[key] = (vtype, item)
             meta[key] = _value(cur, vtype, key, raw)
         infos = []
         for _ in range(n_tensors):
-            name = cur.string()
+            name = cur.name("tensor", 63)  # GGML_MAX_NAME is 64 with the NUL
             n_dims = cur.unpack("<I")
             if not 1 <= n_dims <= _MAX_DIMS:
                 raise cur.fail(f"tensor '{name}' has {n_dims} dimensions")
@@ -241,3 +257,72 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     if K.ARCH not in meta:
         raise ModelFileError(f"{path.name} lacks '{K.ARCH}'; it is not a llama.cpp model file.")
     return GGUFFile(path, version, meta, tensors, raw, types)
+
+
+def check_hparams(g: GGUFFile) -> None:
+    """Reject model hyperparameters llama.cpp would abort on (or divide by), before it loads
+    the file: counts and sizes in range and consistent, norms' epsilon and rope base finite
+    and positive, special token ids inside the vocabulary."""
+    import math
+
+    name = g.path.name
+
+    def bad(key: str, value: Any) -> ModelFileError:
+        return ModelFileError(f"{name} has an impossible {key.format(arch=g.arch)} ({_show(str(value), 24)}); "
+                              "re-download or re-convert it.")
+
+    def ints(key: str, lo: int, hi: int, required: bool = False) -> list[int] | None:
+        full = key.format(arch=g.arch)
+        if full not in g.meta:
+            if required:
+                raise ModelFileError(f"{name} lacks the GGUF key '{full}'; re-download or re-convert it.")
+            return None
+        v = g.meta[full]
+        vals = list(np.asarray(v).reshape(-1)) if isinstance(v, np.ndarray) else [v]
+        if not vals or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or not lo <= x <= hi
+                           for x in vals):
+            raise bad(key, v)
+        return [int(x) for x in vals]
+
+    def positive_float(key: str, hi: float) -> None:
+        full = key.format(arch=g.arch)
+        if full in g.meta:
+            v = g.meta[full]
+            if not isinstance(v, (float, int, np.floating)) or not (math.isfinite(v) and 0 < v < hi):
+                raise bad(key, v)
+
+    n_layer = ints(K.BLOCK_COUNT, 1, 1024, required=True)[0]  # type: ignore[index]
+    n_embd = ints(K.EMBEDDING_LENGTH, 1, 1 << 17, required=True)[0]  # type: ignore[index]
+    ints(K.CONTEXT_LENGTH, 1, 1 << 24)
+    ints(K.FEED_FORWARD_LENGTH, 0, 1 << 20)
+    heads = ints(K.HEAD_COUNT, 0, 4096)
+    heads_kv = ints(K.HEAD_COUNT_KV, 0, 4096)
+    key_len = ints(K.KEY_LENGTH, 1, 4096)
+    ints(K.VALUE_LENGTH, 1, 4096)
+    if heads is not None:
+        if len(heads) not in (1, n_layer) or (heads_kv is not None and len(heads_kv) not in (1, n_layer)):
+            raise bad(K.HEAD_COUNT, heads)
+        kv = heads_kv if heads_kv is not None else heads
+        for i in range(n_layer):
+            h, k = heads[min(i, len(heads) - 1)], kv[min(i, len(kv) - 1)]
+            if h and (k == 0 or h % k or (key_len is None and n_embd % h)):
+                raise bad(K.HEAD_COUNT_KV if k == 0 or h % k else K.HEAD_COUNT, f"{h}/{k}")
+        head_dim = key_len[0] if key_len else (n_embd // max(heads) if max(heads) else 0)
+        rope = ints(K.ROPE_DIM, 2, 4096)
+        if rope is not None and head_dim and (rope[0] > head_dim or rope[0] % 2):
+            raise bad(K.ROPE_DIM, rope[0])
+    positive_float(K.RMS_EPS, 1.0)
+    positive_float("{arch}.attention.layer_norm_epsilon", 1.0)
+    positive_float(K.ROPE_FREQ_BASE, 1e12)
+    positive_float("{arch}.rope.scaling.factor", 1e6)
+    n_vocab = g.vocab_size
+    if n_vocab <= 0:
+        raise ModelFileError(f"{name} has no tokenizer vocabulary; re-download or re-convert it.")
+    for key, v in g.meta.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not (0 <= v < n_vocab or
+                                                                                  v in (0xFFFFFFFF, -1)):
+                raise bad(key, v)
+    if g.arch == K.EAGLE3:
+        ints(K.TARGET_HIDDEN_SIZE, 1, 1 << 17)
+        ints(K.TARGET_LAYERS, 0, 4096)

@@ -23,7 +23,7 @@ from . import _bindings as B
 from . import gguf_keys as K
 from ._llama import Memory, load_model, n_threads_default, new_context
 from .errors import EdgeEagleError, ModelFileError
-from .gguf_file import GGUFFile, read_gguf
+from .gguf_file import GGUFFile, check_hparams, read_gguf
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Target:
         if self.gguf.arch == K.EAGLE3:
             raise ModelFileError(f"{os.path.basename(self.path)} is an EAGLE-3 drafter, not a target; "
                                  "pass it with --drafter and give a target model with --target.")
+        check_hparams(self.gguf)  # llama.cpp aborts on some impossible values; refuse them first
         if capture not in ("auto", "layer_inp", "callback"):
             raise EdgeEagleError(f"Unknown capture path '{capture}'; use auto, layer_inp or callback.")
         self.capture_path = capture

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from converters import convert
 from converters.convert import TOLERANCE
@@ -77,7 +78,8 @@ def test_sharded_safetensors_and_weights_only_bin(weights, references, tiny_targ
     assert verify_drafter(out, tiny_target, references["specforge"]).relative_error <= TOLERANCE["f32"]
 
 
-def test_bin_with_code_is_never_unpickled(tmp_path, tiny_target, checkpoints):
+@pytest.mark.parametrize("container", ["raw pickle", "torch zip"])
+def test_bin_with_code_is_never_unpickled(container, tmp_path, tiny_target, checkpoints):
     import pickle
     import shutil
 
@@ -90,8 +92,11 @@ def test_bin_with_code_is_never_unpickled(tmp_path, tiny_target, checkpoints):
         def __reduce__(self):
             return (Path.touch, (marker,))
 
-    (d / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": Evil()}))
-    with pytest.raises(EdgeEagleError, match="weights-only"):
+    if container == "raw pickle":
+        (d / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": Evil()}))
+    else:
+        torch.save({"fc.weight": Evil()}, d / "pytorch_model.bin")
+    with pytest.raises(EdgeEagleError, match="PyTorch"):
         convert(d, tiny_target, tmp_path / "o.gguf", **quiet)
     assert not marker.exists()
 
