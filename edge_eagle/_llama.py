@@ -33,6 +33,24 @@ def init_backend() -> None:
         _initialised = True
 
 
+_LIVE = {"models": 0, "contexts": 0}
+
+
+def live_handles() -> dict[str, int]:
+    """How many llama.cpp models and contexts edge-eagle holds open right now (leak checks)."""
+    return dict(_LIVE)
+
+
+def free_context(ctx: Any) -> None:
+    C.llama_free(ctx)
+    _LIVE["contexts"] -= 1
+
+
+def free_model(model: Any) -> None:
+    C.llama_model_free(model)
+    _LIVE["models"] -= 1
+
+
 def load_model(path: str, n_gpu_layers: int) -> Any:
     init_backend()
     params = C.llama_model_default_params()
@@ -41,6 +59,7 @@ def load_model(path: str, n_gpu_layers: int) -> Any:
     if not model:
         raise ModelFileError(f"llama.cpp could not load {os.path.basename(path)}; check that it is a model this "
                              "llama-cpp-python version supports (set EDGE_EAGLE_VERBOSE=1 for its log).")
+    _LIVE["models"] += 1
     return model
 
 
@@ -52,6 +71,7 @@ def new_context(model: Any, name: str, **fields: Any) -> Any:
     if not ctx:
         raise ModelFileError(f"llama.cpp could not create a context for {name}; lower n_ctx or free memory "
                              "(set EDGE_EAGLE_VERBOSE=1 for its log).")
+    _LIVE["contexts"] += 1
     return ctx
 
 

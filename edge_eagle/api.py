@@ -53,7 +53,8 @@ class Generation:
         self.stats = SpecStats()
         self.text = ""
         self.tokens: list[int] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # "stop", "length", "context" (window full) or "cancelled"
+        self.dropped_messages = 0  # chat(): oldest messages dropped to fit the context window
 
     def __iter__(self) -> Iterator[Token]:
         if self._iter is None:
@@ -103,7 +104,8 @@ class Generation:
                     if self.finish_reason or self._cancel.is_set():
                         break
                 if self.finish_reason is None:
-                    self.finish_reason = "cancelled" if self._cancel.is_set() else "length"
+                    self.finish_reason = ("cancelled" if self._cancel.is_set() else
+                                          "context" if self.stats.context_full else "length")
                 yield from self._release(held, None)  # empty after a stop string
             finally:
                 if self.finish_reason is None:
@@ -253,10 +255,10 @@ class EdgeEagle:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
         if max_tokens < 1:
             raise EdgeEagleError(f"max_tokens must be at least 1, got {max_tokens}.")
-        if len(tokens) + max_tokens > self.target.n_ctx:
+        if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
-                f"The prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context window "
-                f"({self.target.n_ctx}); shorten the prompt, lower max_tokens or raise n_ctx.")
+                f"The prompt ({len(tokens)} tokens) does not fit the context window ({self.target.n_ctx} tokens); "
+                "shorten it or raise n_ctx.")
         if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
         k = self.k if k is None else _check_k(k)
@@ -272,9 +274,35 @@ class EdgeEagle:
             self.controller = controller
         return self.controller
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **kwargs) -> Generation:
-        """Stream the assistant's reply to `messages`, formatted by the target's chat template."""
-        return self.generate(self.apply_chat_template(messages), add_special=False, **kwargs)
+    def chat(self, messages: Sequence[Mapping[str, str]], *, truncate: bool = True, **kwargs) -> Generation:
+        """Stream the assistant's reply to `messages`, formatted by the target's chat template.
+
+        Context policy: when the conversation no longer leaves room for the reply (max_tokens,
+        or a quarter of the window if that is less), the oldest messages after any system
+        messages are dropped, one at a time, until it does; the newest message is always kept.
+        gen.dropped_messages says how many were dropped. With truncate=False, or when even the
+        newest message does not fit, ContextOverflowError. A reply that fills the window stops
+        with finish_reason "context"."""
+        messages = list(messages)
+        n_ctx = self.target.n_ctx
+        reserve = max(1, min(int(kwargs.get("max_tokens", 256)), n_ctx // 4))
+        system = [m for m in messages if m.get("role") == "system" and messages.index(m) == 0][:1]
+        rest = messages[len(system):]
+        dropped = 0
+        while True:
+            text = self.apply_chat_template(system + rest)
+            n = len(self.target.tokenize(text, add_special=False))
+            if n + reserve <= n_ctx:
+                break
+            if not truncate or len(rest) <= 1:
+                raise ContextOverflowError(
+                    f"The conversation ({n} tokens) leaves no room for a reply in the context window ({n_ctx} "
+                    "tokens); start a new chat, shorten the message or raise n_ctx.")
+            rest = rest[1:]
+            dropped += 1
+        gen = self.generate(text, add_special=False, **kwargs)
+        gen.dropped_messages = dropped
+        return gen
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
         return render_chat(self.target, messages)

@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
     b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
     b.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    b.add_argument("--drafter", action="append", help="eagle3 GGUF (repeatable; default: the shipped drafter)")
+    b.add_argument("--drafter", action="append",
+                   help="eagle3 GGUF (repeatable; default: the shipped drafter; 'none': no EAGLE runners)")
     b.add_argument("--k", type=int, nargs="+", default=[3], help="fixed draft lengths to run (default 3)")
     b.add_argument("--no-auto", action="store_true", help="skip the `edge-eagle auto` runner")
     b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")

@@ -22,7 +22,7 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 from . import gguf_keys as K
-from ._llama import Memory, load_model, n_threads_default, new_context
+from ._llama import Memory, free_context, free_model, load_model, n_threads_default, new_context
 from .drafter import Drafter
 from .errors import EdgeEagleError, ModelFileError, PairMismatchError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
@@ -330,10 +330,10 @@ class EagleDrafter(Drafter):
     def close(self) -> None:
         if getattr(self, "ctx", None):
             C.llama_batch_ext_free(self._batch)
-            C.llama_free(self.ctx)
+            free_context(self.ctx)
             self.ctx = None
         if getattr(self, "model", None):
-            C.llama_model_free(self.model)
+            free_model(self.model)
             self.model = None
 
     def __del__(self) -> None:  # pragma: no cover

@@ -47,6 +47,9 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
     yield [first], [TARGET]
 
     while produced < max_tokens:
+        if n_past >= target.n_ctx:  # the window is full: stop cleanly, both caches consistent
+            stats.context_full = True
+            return
         t_step = perf_counter()
         want = controller.choose() if controller is not None else k
         room = min(want, max_tokens - produced - 1, target.n_ctx - n_past - 1)  # type: ignore[type-var]

@@ -25,6 +25,7 @@ class SpecStats:
     t_verify: float = 0.0  # target decodes after prefill
     t_draft: float = 0.0  # drafter work (ingest, encode, chain)
     t_total: float = 0.0  # generation wall time after prefill
+    context_full: bool = False  # the generation stopped because the context window filled
 
     def record_step(self, n_drafted: int, n_accepted: int) -> None:
         self.verify_steps += 1

@@ -107,12 +107,14 @@ def test_not_a_gguf(tmp_path, tiny_target):
     assert_clean_error(cli("inspect", str(tmp_path / "missing.gguf")), "does not exist")
 
 
-def test_prompt_plus_max_tokens_exceeds_context(tiny_target):
-    assert_clean_error(cli("generate", "hello there", "--target", str(tiny_target), "--drafter", "none",
-                           "--n-ctx", "64", "-n", "100"), "context window")
+def test_a_prompt_that_does_not_fit_the_context_is_a_clear_error(tiny_target):
+    assert_clean_error(cli("generate", "hello there " * 40, "--target", str(tiny_target), "--drafter", "none",
+                           "--n-ctx", "64", "-n", "10"), "context window")
     with EdgeEagle(tiny_target, None, n_ctx=64) as ee:
         with pytest.raises(ContextOverflowError):
-            ee.generate("hello", max_tokens=100)
+            ee.generate("hello " * 80, max_tokens=4)
+        with pytest.raises(ContextOverflowError, match="start a new chat"):
+            ee.chat([{"role": "user", "content": "hello " * 80}], max_tokens=4)
 
 
 def test_missing_symbol_names_it_and_the_version():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from edge_eagle import EdgeEagle, NgramDrafter, OracleDrafter
+from edge_eagle.errors import ContextOverflowError
 from edge_eagle.target import Target
 
 TIE_GAP = 0.05  # logits; batched vs single-token kernels differ by ~1e-3 here
@@ -121,3 +122,36 @@ def test_qwen2_target_uses_the_callback_path_and_is_lossless(qwen2_target, qwen2
         _, spec = _run(ee, PROMPTS[0], 40)
         assert ee.last_stats.drafted > 0
         assert_lossless(ee.target, toks, plain, spec)
+
+
+@pytest.mark.parametrize("k", [0, 3, "auto"])
+def test_filling_the_context_stops_cleanly_and_leaves_a_usable_cache(tiny_target, tiny_drafters, k):
+    """A generation that reaches n_ctx ends with finish_reason "context" (every position
+    used, never past it); the next generation on the same engine equals a fresh engine's."""
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], n_ctx=96) as ee:
+        prompt = ee.target.tokenize("Tell me a long story about the sea.")
+        gen = ee.generate(prompt, max_tokens=500, k=k, speculative=k != 0).result()
+        assert gen.finish_reason == "context"
+        assert len(prompt) + gen.stats.generated == ee.target.n_ctx + 1  # the last token needs no slot
+        after = ee.generate("Hello there", max_tokens=12, k=k, speculative=k != 0).result().tokens
+    with EdgeEagle(tiny_target, None, n_ctx=96) as fresh:
+        assert after == fresh.generate("Hello there", max_tokens=12).result().tokens
+
+
+def test_chat_drops_the_oldest_turns_to_fit_and_stays_lossless(tiny_target, tiny_drafters):
+    history = []
+    for i in range(12):
+        history += [{"role": "user", "content": f"Question {i}: tell me about topic number {i} please."},
+                    {"role": "assistant", "content": f"Answer {i}: " + "words " * 12}]
+    history.append({"role": "user", "content": "And finally, what about the sea?"})
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=256) as ee:
+        gen = ee.chat(history, max_tokens=32).result()
+        assert gen.dropped_messages > 0 and gen.finish_reason in ("length", "stop")
+        kept = history[gen.dropped_messages:]
+        assert kept[-1] == history[-1]
+        prompt = ee.apply_chat_template(kept)
+        assert len(ee.target.tokenize(prompt, add_special=False)) + 32 <= 256
+        plain = ee.generate(prompt, max_tokens=32, add_special=False, speculative=False).result()
+        assert gen.tokens == plain.tokens
+        with pytest.raises(ContextOverflowError):
+            ee.chat(history, max_tokens=32, truncate=False)

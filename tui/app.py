@@ -170,7 +170,10 @@ class EdgeEagleChat(App):
                     pieces, last = [], time.monotonic()
             if pieces:
                 self.post_message(self.Tokens(reply, pieces, gen.stats.to_dict()))
-            self.post_message(self.Finished(reply, gen.stats.to_dict(), gen.finish_reason))
+            reason = gen.finish_reason or ""
+            if gen.dropped_messages:
+                reason += f" · {gen.dropped_messages} oldest messages left out to fit the context window"
+            self.post_message(self.Finished(reply, gen.stats.to_dict(), reason))
         except EdgeEagleError as e:
             self.post_message(self.Finished(reply, gen.stats.to_dict(), None, str(e)))
         finally:

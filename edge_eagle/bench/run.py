@@ -56,7 +56,7 @@ class Bench:
 
         self.opts, self.log = opts, log
         self.target_path = str(opts.target or defaults.default_target())
-        self.drafter_paths = [self._drafter_path(d) for d in opts.drafters]
+        self.drafter_paths = [self._drafter_path(d) for d in opts.drafters if d != "none"]
         self.engines: list[EdgeEagle] = []
         self.runners: list[Runner] = []
         self.skipped: list[dict[str, str]] = []
@@ -84,6 +84,9 @@ class Bench:
         o = self.opts
         many = len(self.drafter_paths) > 1
         k_max = max([8] + list(o.ks))
+        if not self.drafter_paths:  # plain decoding and the non-EAGLE runners only
+            self.engines.append(EdgeEagle(self.target_path, None, n_ctx=o.n_ctx, n_threads=o.threads))
+            self.runners.append(EngineRunner(self.engines[0], None))
         for i, dpath in enumerate(self.drafter_paths):
             eng = EdgeEagle(self.target_path, dpath, n_ctx=o.n_ctx, n_threads=o.threads, k_max=k_max)
             self.engines.append(eng)
