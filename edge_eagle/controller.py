@@ -140,6 +140,12 @@ class KController:
             self._plain_run = 0
         return best
 
+    def drafting_soon(self, within: int) -> bool:
+        """Whether a draft (a speculative cycle or a probe) may come in the next `within`
+        cycles: the loop captures target features, which cost a few percent per token, only then."""
+        best = self._cached if self._cached is not None else self.best_k()
+        return best > 0 or self._plain_run >= self.probe_every - within
+
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         assert self.acceptance is not None
         self.costs.observe_verify(verify_tokens, verify_s)

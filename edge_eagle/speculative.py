@@ -45,6 +45,7 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
     seq, n_past, produced = list(prompt) + [first], len(prompt), 1
     stats.generated = 1
     yield [first], [TARGET]
+    capturing = wants_features
 
     while produced < max_tokens:
         if n_past >= target.n_ctx:  # the window is full: stop cleanly, both caches consistent
@@ -52,6 +53,16 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
             return
         t_step = perf_counter()
         want = controller.choose() if controller is not None else k
+        if controller is not None and wants_features:
+            # auto decoding plainly: capture features (a few % per token) only when a draft may
+            # come within the drafter's idle window; the drafter restarts from there
+            need = want > 0 or controller.drafting_soon(controller.idle_window)
+            if need != capturing:
+                target.set_capture(drafter.target_layers if need else ())  # type: ignore[union-attr]
+                capturing = need
+                if need:
+                    drafter.reset()  # type: ignore[union-attr]
+                    want = 0  # no context rows yet: this cycle decodes plainly
         room = min(want, max_tokens - produced - 1, target.n_ctx - n_past - 1)  # type: ignore[type-var]
         drafts: list[int] = []
         if drafter is not None and room > 0:
@@ -65,7 +76,7 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
         if n_acc < len(drafts):
             target.memory.remove_from(n_past + n_acc + 1)
         t_ingest = perf_counter()
-        if wants_features:
+        if wants_features and capturing:
             drafter.ingest(res.features[: n_acc + 1], n_past, batch[: n_acc + 1])  # type: ignore[union-attr]
             if controller is not None and want == 0:
                 drafter.trim(controller.idle_window)  # type: ignore[union-attr]

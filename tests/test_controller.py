@@ -82,3 +82,22 @@ def test_auto_mode_is_lossless_and_adapts(tiny_target):
             gen = ee.generate("Once upon a time", max_tokens=60).result()
             assert gen.tokens == plain
         assert gen.stats.k_history[-10:].count(0) >= 9  # always-wrong drafts: plain decoding
+
+
+def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target, tiny_drafters):
+    """While auto decodes plainly, target features (a few % per token) are captured only in
+    the idle window before the next probe; the drafter restarts there, and output stays
+    exactly plain decoding."""
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto") as ee:
+        plain = ee.generate("Once upon a time", max_tokens=120, speculative=False).result().tokens
+        ctl = ee.auto_controller()
+        ctl.acceptance = AcceptanceModel(ee.k_max, prior=0.0)  # drafts look worthless: plain decoding
+        ctl.probe_every, ctl.idle_window = 30, 5
+        switches = []
+        set_capture = ee.target.set_capture
+        ee.target.set_capture = lambda ids: (switches.append(tuple(ids)), set_capture(ids))[1]
+        gen = ee.generate("Once upon a time", max_tokens=120).result()
+        assert gen.tokens == plain
+        assert gen.stats.drafted >= 2  # the probes ran, from restarted drafter windows
+        offs = sum(1 for s in switches if s == ())
+        assert offs >= 3 and any(s for s in switches[1:]), switches  # off between probes, on before them
