@@ -174,3 +174,31 @@ def test_markdown_lists_every_runner():
     md = markdown(report)
     assert "| plain |" in md and "| edge-eagle k=3 |" in md and "0.50 0.20 0.10 0.00 0.00 …" in md
     assert "Not run: llama.cpp (not built)" in md
+
+
+def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_drafters):
+    import numpy as np
+
+    from edge_eagle.bench.prompts import BenchPrompt
+    from edge_eagle.bench.run import Bench, _divergences
+
+    bench = Bench(BenchOptions(target=str(tiny_target), drafters=[str(tiny_drafters["eagle3"][0])], ks=[],
+                               auto=False, upstream=False, prompt_lookup_k=None, n_ctx=512, max_tokens=16))
+    try:
+        p = BenchPrompt("1", "x", "Tell me about the sea.")
+        ids, text = bench.prompt_tokens(p)
+        plain = bench.runners[0].run(ids, text, 16)
+        wrong = list(plain.tokens)
+        wrong[5] = (wrong[5] + 1) % 1000
+        target = bench.engines[0].target
+        by_tokens = RunResult(text="", tokens=wrong, generated=16, seconds=1.0)
+        by_text = RunResult(text=target.detokenize(wrong), tokens=None, generated=16, seconds=1.0)
+        div = _divergences(bench, [p], [ids], {"plain": [plain], "a": [by_tokens], "b": [by_text]})
+        assert div["a"][0]["token"] == 5
+        assert div["b"][0]["token"] <= 5  # text may differ from the start of the changed token's piece
+        target.memory.clear()
+        target.set_capture(())
+        logits = np.sort(np.asarray(target.prefill(ids + plain.tokens[:5]).logits[-1], dtype=np.float64))
+        assert div["a"][0]["top2_gap"] == pytest.approx(logits[-1] - logits[-2], abs=1e-3)
+    finally:
+        bench.close()

@@ -24,7 +24,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['memory_gib']} GiB, {m['backend']}.",
         "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
         "median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
-        "memory-bound = the same with c(n) = 1 for n ≤ 8.",
+        "memory-bound = the same with c(n) = 1 for n ≤ 8. Greedy = plain: outputs identical to plain "
+        "decoding; near-tie: they differ first where the target's top-2 logits are within 0.1 (batch-shape "
+        "rounding in llama.cpp's kernels), listed per runner in the JSON.",
         "",
         "| runner | tokens/s | speedup | tau | acceptance by position | time verify/draft/other | peak RSS MB "
         "(+ over plain) | greedy = plain | predicted | memory-bound |",
@@ -42,8 +44,10 @@ def markdown(report: dict[str, Any]) -> str:
         if r.get("rss_over_plain_mb") is not None and r["name"] != "plain":
             rss += f" ({r['rss_over_plain_mb']:+.0f})"
         eq = r["greedy_equals_plain"]
+        ties = eq.get("near_tie_divergences", 0)
+        eq_s = f"{eq['equal']}/{eq['prompts']}" + (f" (+{ties} near-tie)" if ties else "")
         lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {speed} | {_fmt(r['tau'])} | {pos} | {split} | "
-                     f"{rss} | {eq['equal']}/{eq['prompts']} | {_fmt(r['predicted_speedup'])} | "
+                     f"{rss} | {eq_s} | {_fmt(r['predicted_speedup'])} | "
                      f"{_fmt(r['predicted_speedup_memory_bound'])} |")
     for sk in report.get("skipped", []):
         lines.append(f"\nNot run: {sk['runner']} ({sk['why']}).")
