@@ -193,7 +193,8 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
         target = bench.engines[0].target
         by_tokens = RunResult(text="", tokens=wrong, generated=16, seconds=1.0)
         by_text = RunResult(text=target.detokenize(wrong), tokens=None, generated=16, seconds=1.0)
-        div = _divergences(bench, [p], [ids], {"plain": [plain], "a": [by_tokens], "b": [by_text]})
+        noise, div = _divergences(bench, [p], [ids], {"plain": [plain], "a": [by_tokens], "b": [by_text]})
+        assert noise >= 0.0
         assert div["a"][0]["token"] == 5
         assert div["b"][0]["token"] <= 5  # text may differ from the start of the changed token's piece
         target.memory.clear()

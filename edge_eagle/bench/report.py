@@ -25,8 +25,9 @@ def markdown(report: dict[str, Any]) -> str:
         "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
         "median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
         "memory-bound = the same with c(n) = 1 for n ≤ 8. Greedy = plain: outputs identical to plain "
-        "decoding; near-tie: they differ first where the target's top-2 logits are within 0.1 (batch-shape "
-        "rounding in llama.cpp's kernels), listed per runner in the JSON.",
+        "decoding; near-tie: they differ first where the target's top-2 logits are closer than llama.cpp's "
+        f"own batch-shape noise on this model ({_fmt(report.get('numeric_noise_logits'), '.2f')} logits, "
+        "measured in the run), listed per runner in the JSON.",
         "",
         "| runner | tokens/s | speedup | tau | acceptance by position | time verify/draft/other | peak RSS MB "
         "(+ over plain) | greedy = plain | predicted | memory-bound |",
