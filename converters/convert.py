@@ -96,7 +96,7 @@ def build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.nd
         bad = ["num_key_value_heads" if c.num_attention_heads % c.num_key_value_heads else "head_dim"]
     if not bad and not (math.isfinite(c.rms_norm_eps) and 0 < c.rms_norm_eps < 1):
         bad = ["rms_norm_eps"]
-    if not bad and not (math.isfinite(c.rope_theta) and c.rope_theta > 0):
+    if not bad and not (math.isfinite(c.rope_theta) and 0 < c.rope_theta <= 1e12):
         bad = ["rope_theta"]
     if bad:
         raise _err(f"config.json has an impossible {bad[0]}; fix it or re-export the checkpoint.")

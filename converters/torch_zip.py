@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edge_eagle.errors import EdgeEagleError
+from edge_eagle.gguf_file import _show
 
 _STORAGE_DTYPES = {
     "FloatStorage": np.float32, "HalfStorage": np.float16, "BFloat16Storage": "bf16", "DoubleStorage": np.float64,
@@ -217,5 +218,5 @@ def load_torch_zip(path: str | Path) -> dict[str, np.ndarray]:
                              "convert it to safetensors.") from None
     except (ValueError, KeyError, IndexError, TypeError, EOFError, OSError, UnicodeDecodeError, OverflowError,
             MemoryError, NotImplementedError) as e:
-        raise EdgeEagleError(f"{path.name} is not a plain PyTorch state dict (it {e}); re-download it or "
+        raise EdgeEagleError(f"{path.name} is not a plain PyTorch state dict (it {_show(str(e), 120)}); re-download it or "
                              "convert it to safetensors.") from None
