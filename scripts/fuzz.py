@@ -38,7 +38,6 @@ def build_inputs(work: Path) -> dict[str, Path]:
     import torch
     from safetensors.torch import load_file
 
-    from edge_eagle.reference import random_reference  # noqa: F401 - imported by tiny_models
     from edge_eagle.train import TrainOptions, save_checkpoint
     from edge_eagle.train.pipeline import init_model
     from edge_eagle.gguf_file import read_gguf
