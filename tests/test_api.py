@@ -166,3 +166,12 @@ def test_sampling_with_the_eagle_drafter_is_reproducible(engine):
     b = engine.generate("Once upon a time", max_tokens=30, temperature=0.7, seed=11).result()
     assert a.tokens == b.tokens and len(a.tokens) == 30
     assert a.stats.drafted > 0
+
+
+def test_drafter_kv_is_no_larger_than_the_targets_context(tiny_target, tiny_drafters):
+    from llama_cpp import llama_cpp as C
+
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], n_ctx=320) as ee:
+        # llama.cpp pads a context to a multiple of 256 cells; the drafter's is never larger
+        assert C.llama_n_ctx(ee.drafter.ctx) <= C.llama_n_ctx(ee.target.ctx) <= 512
+        assert C.llama_n_seq_max(ee.drafter.ctx) == 1

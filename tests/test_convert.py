@@ -256,3 +256,42 @@ def test_output_file_has_ordinary_permissions(checkpoints, tiny_target, tmp_path
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_index_names_stay_inside_the_checkpoint_but_cache_links_are_fine(tmp_path, references, tiny_target):
+    """A shard index may not name files outside its directory ('..', absolute, drive paths);
+    a Hugging Face cache snapshot, whose files are links into ../../blobs, still loads."""
+    import os
+
+    ckpt = write_checkpoint(tmp_path / "sharded", "specforge", references["specforge"], weights="sharded")
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    # the cache layout: blobs/<hash> with snapshot links to them
+    snap, blobs = tmp_path / "cache" / "snapshots" / "abc", tmp_path / "cache" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in ckpt.iterdir():
+        (blobs / f.name).write_bytes(f.read_bytes())
+        os.symlink(os.path.relpath(blobs / f.name, snap), snap / f.name)
+    convert(snap, tiny_target, tmp_path / "ok.gguf", outtype="f32", **quiet)
+    for evil in ("../escape.safetensors", "/etc/passwd", "C:\\\\x.safetensors", "..\\\\..\\\\x.safetensors"):
+        first = next(iter(index["weight_map"]))
+        bad = dict(index, weight_map=dict(index["weight_map"], **{first: evil}))
+        index_path.write_text(json.dumps(bad))
+        with pytest.raises(EdgeEagleError, match="outside its directory"):
+            convert(ckpt, tiny_target, tmp_path / "bad.gguf", outtype="f32", **quiet)
+
+
+def test_unknown_revision_in_the_offline_cache_is_a_clear_error(tmp_path, checkpoints, tiny_target, monkeypatch):
+    import shutil
+
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--someone--tiny-eagle3"
+    shutil.copytree(checkpoints["specforge"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(EdgeEagleError, match="HF_HUB_OFFLINE|revision"):
+        convert("someone/tiny-eagle3", tiny_target, tmp_path / "x.gguf", revision="f" * 40, **quiet)
