@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     b.add_argument("--drafter", action="append",
                    help="eagle3 GGUF (repeatable; default: the shipped drafter; 'none': no EAGLE runners)")
-    b.add_argument("--k", type=int, nargs="+", default=[3], help="fixed draft lengths to run (default 3)")
+    b.add_argument("--k", type=int, nargs="*", default=[3], help="fixed draft lengths to run (default 3; none: --k)")
     b.add_argument("--no-auto", action="store_true", help="skip the `edge-eagle auto` runner")
     b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")
     b.add_argument("--build-upstream", action="store_true", help="build llama.cpp's C++ loop if not cached")

@@ -102,7 +102,8 @@ class AcceptanceModel:
 @dataclass
 class KController:
     k_max: int = 8
-    probe_every: int = 128
+    probe_every: int = 128  # plain cycles between probes; doubles after each rejected probe ...
+    probe_max: int = 1024  # ... up to this, and falls back after an accepted one
     idle_window: int = 16  # rows of context the drafter keeps while decoding is plain
     margin: float = 0.03  # speculate only if the model predicts a gain beyond its own noise
     reeval_every: int = 16
@@ -111,6 +112,8 @@ class KController:
     costs: CostModel = field(default_factory=CostModel)
     acceptance: AcceptanceModel | None = None
     _plain_run: int = 0
+    _probe_gap: int = 0  # current gap between probes (0: probe_every)
+    _probing: bool = False
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -133,8 +136,9 @@ class KController:
         best = self._cached
         if best == 0:
             self._plain_run += 1
-            if self._plain_run >= self.probe_every:
+            if self._plain_run >= self.probe_gap:
                 self._plain_run = 0
+                self._probing = True
                 return 1  # a cheap probe keeps the acceptance estimate alive
         else:
             self._plain_run = 0
@@ -144,7 +148,11 @@ class KController:
         """Whether a draft (a speculative cycle or a probe) may come in the next `within`
         cycles: the loop captures target features, which cost a few percent per token, only then."""
         best = self._cached if self._cached is not None else self.best_k()
-        return best > 0 or self._plain_run >= self.probe_every - within
+        return best > 0 or self._plain_run >= self.probe_gap - within
+
+    @property
+    def probe_gap(self) -> int:
+        return self._probe_gap or self.probe_every
 
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         assert self.acceptance is not None
@@ -153,3 +161,6 @@ class KController:
         if drafted:
             self.acceptance.observe(drafted, accepted)
             self._cached = None
+            if self._probing:  # back off while probes keep failing: they cost ~1-2% each round
+                self._probe_gap = self.probe_every if accepted else min(self.probe_max, 2 * self.probe_gap)
+        self._probing = False

@@ -101,3 +101,19 @@ def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target
         assert gen.stats.drafted >= 2  # the probes ran, from restarted drafter windows
         offs = sum(1 for s in switches if s == ())
         assert offs >= 3 and any(s for s in switches[1:]), switches  # off between probes, on before them
+
+
+def test_rejected_probes_back_off_and_an_accepted_one_resets():
+    c = KController(k_max=4, costs=_cpu_like_costs())
+    c.acceptance = AcceptanceModel(4, prior=0.0)
+    gaps = []
+    for _ in range(4):
+        while c.choose() == 0:
+            c.update(0, 0, 1, 0.0066, 0.0)
+        gaps.append(c.probe_gap)
+        c.update(1, 0, 2, 0.0125, 0.0015)  # the probe's draft is rejected
+    assert gaps == [128, 256, 512, 1024]
+    while c.choose() == 0:
+        c.update(0, 0, 1, 0.0066, 0.0)
+    c.update(1, 1, 2, 0.0125, 0.0015)  # accepted: probe at the base rate again
+    assert c.probe_gap == 128
