@@ -88,7 +88,7 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
 
     others = [r for r in report["runners"] if r["name"] != "plain"]
     cats = report["prompts"]["categories"]
-    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(cats) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(cats) + 2), 4 + 0.25 * len(others)))
     width = 0.8 / max(1, len(others))
     for j, r in enumerate(others):
         vals = [r["speedup_by_category"].get(c, 0.0) for c in cats]
@@ -98,8 +98,8 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_xticklabels(cats, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("speedup vs plain (median)")
     ax.set_title("Speedup by category")
-    if others:
-        ax.legend(fontsize=7)
+    if others:  # below the axes: the bars near 1.0 stay visible
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)
     fig.tight_layout()
     paths.append(out_dir / "speedup_by_category.png")
     fig.savefig(paths[-1], dpi=110)
