@@ -8,7 +8,6 @@ upstream loads the file; EAGLE-3.1 and provenance go into edge_eagle.* keys it i
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -18,6 +17,7 @@ from gguf.quants import quantize
 
 from edge_eagle import gguf_keys as K
 from edge_eagle.errors import EdgeEagleError
+from edge_eagle.fsutil import atomic_path
 from edge_eagle.gguf_file import GGUFFile
 from edge_eagle.reference import Eagle3Config
 
@@ -92,10 +92,8 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
     if unknown:
         raise EdgeEagleError(f"Unexpected tensors {unknown[:5]}; the checkpoint layout is not one edge-eagle knows.")
 
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent if str(out.parent) else ".")
-    os.close(fd)
-    try:
-        w = GGUFWriter(tmp, arch)
+    with atomic_path(out, suffix=".part") as tmp:
+        w = GGUFWriter(str(tmp), arch)
         w.add_string("general.name", name)
         w.add_uint32("general.file_type", {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype])
         w.add_uint32(fmt(K.CONTEXT_LENGTH), cfg.max_position_embeddings)
@@ -147,13 +145,6 @@ def write_eagle3(out: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
         w.write_kv_data_to_file()
         w.write_tensors_to_file(progress=progress)
         w.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a model file is as readable as any other
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -146,7 +146,7 @@ def test_cli_convert_verify_json_and_upstream_loadability(checkpoints, tiny_targ
 def _bad(tmp_path: Path, src: Path, target: Path, *words: str, extra: tuple[str, ...] = ()) -> None:
     out = tmp_path / "out.gguf"
     assert_clean_error(cli("convert", str(src), "--target", str(target), "-o", str(out), *extra), *words)
-    assert not out.exists() and not list(tmp_path.glob("out.gguf*"))
+    assert not out.exists() and not list(tmp_path.glob("*out.gguf*"))  # no temp file left either
 
 
 def _edit(tmp_path: Path, model, layout: str = "safeailab", **overrides):
@@ -228,19 +228,26 @@ def test_offline_hub_id_not_cached(tmp_path, tiny_target, monkeypatch):
     _bad(tmp_path, Path("nobody/no-such-drafter"), tiny_target, "HF_HUB_OFFLINE")
 
 
-def test_hub_repo_id_from_the_local_cache_with_revision(tmp_path, checkpoints, references, tiny_target,
-                                                        monkeypatch):
-    """HF_HUB_OFFLINE=1: a repo id resolves from the local cache, pinned by --revision."""
+def _offline_hub_cache(tmp_path: Path, checkpoint: Path, monkeypatch) -> str:
+    """A Hugging Face cache holding `checkpoint` as someone/tiny-eagle3 at one commit (main),
+    HF_HUB_OFFLINE set; returns the commit."""
     import shutil
 
     cache = tmp_path / "hub"
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = cache / "models--someone--tiny-eagle3"
-    shutil.copytree(checkpoints["specforge"], repo / "snapshots" / commit)
+    shutil.copytree(checkpoint, repo / "snapshots" / commit)
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return commit
+
+
+def test_hub_repo_id_from_the_local_cache_with_revision(tmp_path, checkpoints, references, tiny_target,
+                                                        monkeypatch):
+    """HF_HUB_OFFLINE=1: a repo id resolves from the local cache, pinned by --revision."""
+    commit = _offline_hub_cache(tmp_path, checkpoints["specforge"], monkeypatch)
     for revision in (None, commit):
         out = tmp_path / f"hub-{revision}.gguf"
         convert("someone/tiny-eagle3", tiny_target, out, revision=revision, outtype="f32", **quiet)
@@ -283,15 +290,6 @@ def test_index_names_stay_inside_the_checkpoint_but_cache_links_are_fine(tmp_pat
 
 
 def test_unknown_revision_in_the_offline_cache_is_a_clear_error(tmp_path, checkpoints, tiny_target, monkeypatch):
-    import shutil
-
-    cache = tmp_path / "hub"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = cache / "models--someone--tiny-eagle3"
-    shutil.copytree(checkpoints["specforge"], repo / "snapshots" / commit)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _offline_hub_cache(tmp_path, checkpoints["specforge"], monkeypatch)
     with pytest.raises(EdgeEagleError, match="HF_HUB_OFFLINE|revision"):
         convert("someone/tiny-eagle3", tiny_target, tmp_path / "x.gguf", revision="f" * 40, **quiet)

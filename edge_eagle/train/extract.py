@@ -22,7 +22,7 @@ import numpy as np
 
 from ..api import render_chat
 from ..errors import EdgeEagleError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_path, atomic_write
 from ..target import Target
 from .data import Conversation
 
@@ -121,11 +121,10 @@ def extract_one(target: Target, conv: Conversation, *, regenerate: bool, max_pro
 
 def _save_shard(path: Path, seqs: list[Sequence_]) -> int:
     starts = np.cumsum([0] + [len(s.tokens) for s in seqs]).astype(np.int64)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, tokens=np.concatenate([s.tokens for s in seqs]), starts=starts,
-             feats=np.concatenate([s.feats for s in seqs]), top_ids=np.concatenate([s.top_ids for s in seqs]),
-             top_probs=np.concatenate([s.top_probs for s in seqs]), mask=np.concatenate([s.mask for s in seqs]))
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".npz") as tmp:  # np.savez would append .npz to any other name
+        np.savez(tmp, tokens=np.concatenate([s.tokens for s in seqs]), starts=starts,
+                 feats=np.concatenate([s.feats for s in seqs]), top_ids=np.concatenate([s.top_ids for s in seqs]),
+                 top_probs=np.concatenate([s.top_probs for s in seqs]), mask=np.concatenate([s.mask for s in seqs]))
     return int(starts[-1])
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 
 from .. import gguf_keys as K
 from ..errors import EdgeEagleError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_path, atomic_write
 from ..gguf_file import GGUFFile, read_gguf
 from ..reference import Eagle3Config, Eagle3Reference
 from .extract import MANIFEST
@@ -103,9 +102,8 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: d
         "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": target_name}},
         "edge_eagle": meta,
     }
-    tmp = out / "model.safetensors.tmp"
-    save_file(state, str(tmp))
-    os.replace(tmp, out / "model.safetensors")
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp))
     atomic_write(out / "config.json", json.dumps(config, indent=2))
     return out
 
