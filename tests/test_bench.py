@@ -127,8 +127,7 @@ def test_greedy_equality_check():
 
 
 def test_cost_model_prediction():
-    r = EngineRunner(engine=None, k=3)
-    r.drafter = "d.gguf"
+    r = EngineRunner(engine=None, k=3, drafter="d.gguf")
     out = _predict(r, {"tau": 2.0}, {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, {"d.gguf": 0.1})
     assert out["predicted_speedup"] == pytest.approx(2.0 / (2.0 + 0.3), abs=1e-4)
     assert out["predicted_speedup_memory_bound"] == pytest.approx(2.0 / 1.3, abs=1e-4)

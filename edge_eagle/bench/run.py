@@ -8,11 +8,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -52,11 +51,11 @@ def _label(path: str) -> str:
 class Bench:
     """Builds the runners for a set of options and owns their models."""
 
-    def __init__(self, opts: BenchOptions, log: Callable[[str], None] = lambda m: None):
+    def __init__(self, opts: BenchOptions):
         from ..api import EdgeEagle
         from .. import defaults
 
-        self.opts, self.log = opts, log
+        self.opts = opts
         self.target_path = str(opts.target or defaults.default_target())
         self.drafter_paths = [self._drafter_path(d) for d in opts.drafters if d != "none"]
         self.engines: list[EdgeEagle] = []
@@ -94,15 +93,8 @@ class Bench:
             self.engines.append(eng)
             if i == 0:
                 self.runners.append(EngineRunner(eng, None))
-            label = _label(dpath) if many else None
-            for k in o.ks:
-                r = EngineRunner(eng, k, label)
-                r.drafter = dpath
-                self.runners.append(r)
-            if o.auto:
-                r = EngineRunner(eng, "auto", label)
-                r.drafter = dpath
-                self.runners.append(r)
+            for k in [*o.ks, *(["auto"] if o.auto else [])]:
+                self.runners.append(EngineRunner(eng, k, dpath, label=_label(dpath) if many else None))
         target = self.engines[0].target
         echo = lambda toks: "".join(target.token_bytes(t, special=True).decode("utf-8", "replace")  # noqa: E731
                                     for t in toks)
@@ -214,16 +206,15 @@ def _memory_phase(bench: Bench, prompt: BenchPrompt, progress) -> dict[str, int]
     return out
 
 
-def run_bench(opts: BenchOptions, progress: bool = True, log: Callable[[str], None] = lambda m: None
-              ) -> dict[str, Any]:
+def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     prompts = load_prompts(opts.prompts, opts.limit, opts.every)
-    bench = Bench(opts, log)
+    bench = Bench(opts)
     try:
         runners = bench.runners
         n_mem = sum(not isinstance(r, UpstreamRunner) for r in runners) if opts.memory else 0
-        bar = tqdm(total=len(prompts) * len(runners) + n_mem + 1, desc="bench", unit="run", disable=not progress,
+        bar = tqdm(total=len(prompts) * len(runners) + n_mem + 2, desc="bench", unit="run", disable=not progress,
                    file=sys.stderr)
         bar.set_postfix_str("measuring target costs")
         costs = measure_costs(bench.engines[0], max([8] + list(opts.ks)) + 1)
@@ -243,9 +234,10 @@ def run_bench(opts: BenchOptions, progress: bool = True, log: Callable[[str], No
                 results[r.name].append(r.run(tokens, text, opts.max_tokens))
                 bar.update(1)
         peak = _memory_phase(bench, prompts[0], bar.update) if opts.memory else {}
-        bar.close()
         bar.set_postfix_str("checking divergences")
         noise, divergences = _divergences(bench, prompts, prompt_ids, results)
+        bar.update(1)
+        bar.close()
         return _report(bench, prompts, results, costs, peak, divergences, noise)
     finally:
         bench.close()
@@ -293,8 +285,11 @@ def _divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list
             else:  # text only: the plain token whose text holds the first differing character
                 c = next((n for n, (a, b) in enumerate(zip(x.text, p.text)) if a != b), min(len(x.text), len(p.text)))
                 j, length = 0, 0
-                while j < len(ref) and length + len(target.detokenize([ref[j]])) <= c:
-                    length += len(target.detokenize([ref[j]]))
+                while j < len(ref):
+                    piece = len(target.detokenize([ref[j]]))
+                    if length + piece > c:
+                        break
+                    length += piece
                     j += 1
             if j >= len(ref):
                 continue
@@ -362,7 +357,7 @@ def _report(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[Ru
         near = sum(d["top2_gap"] <= noise for d in div)
         entry["greedy_equals_plain"] = {"equal": eq, "prompts": len(rs), "ok": eq == len(rs),
                                         "near_tie_divergences": near,
-                                        "explained": eq + near == len(rs) or eq == len(rs)}
+                                        "explained": eq + near == len(rs)}
         entry["divergences"] = div
         entry.update(_predict(r, entry, c_rel, d_rel))
         cats: dict[str, list[float]] = {}
@@ -403,10 +398,3 @@ def _predict(r: Runner, entry: dict[str, Any], c_rel: dict[int, float], d_rel: d
     gpu = tau / (1.0 + k * d) if k + 1 <= MEMORY_BOUND_MAX_N else None
     return {"predicted_speedup": round(here, 4), "predicted_speedup_memory_bound": round(gpu, 4) if gpu else None}
 
-
-def git_describe() -> str | None:
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[2], timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None

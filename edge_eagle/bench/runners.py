@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,14 +60,13 @@ class Runner:
 class EngineRunner(Runner):
     """Plain decoding (k None) or edge-eagle with a fixed k or "auto", on an EdgeEagle engine."""
 
-    def __init__(self, engine, k: int | str | None, drafter_label: str | None = None):
-        self.engine, self.k = engine, k
-        self.drafter = drafter_label
+    def __init__(self, engine, k: int | str | None, drafter: str | None = None, label: str | None = None):
+        self.engine, self.k, self.drafter = engine, k, drafter
         if k is None:
             self.name, self.kind = "plain", "plain"
         else:
             self.kind = "edge-eagle"
-            label = f" [{drafter_label}]" if drafter_label else ""
+            label = f" [{label}]" if label else ""
             self.name = f"edge-eagle {'auto' if k == 'auto' else f'k={k}'}{label}"
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
@@ -274,8 +272,4 @@ def run_measured(cmd: Sequence[str], timeout: float = 900.0) -> tuple[int, str, 
     if m:
         err = err[: m.start()]
     return proc.returncode, proc.stdout.decode("utf-8", "replace"), err, rss
-
-
-def have_compiler() -> bool:
-    return shutil.which("cmake") is not None and (shutil.which("c++") is not None or shutil.which("g++") is not None)
 
