@@ -286,12 +286,12 @@ class EdgeEagle:
         messages = list(messages)
         n_ctx = self.target.n_ctx
         reserve = max(1, min(int(kwargs.get("max_tokens", 256)), n_ctx // 4))
-        system = [m for m in messages if m.get("role") == "system" and messages.index(m) == 0][:1]
+        system = messages[:1] if messages and messages[0].get("role") == "system" else []
         rest = messages[len(system):]
         dropped = 0
         while True:
-            text = self.apply_chat_template(system + rest)
-            n = len(self.target.tokenize(text, add_special=False))
+            ids = self.target.tokenize(self.apply_chat_template(system + rest), add_special=False)
+            n = len(ids)
             if n + reserve <= n_ctx:
                 break
             if not truncate or len(rest) <= 1:
@@ -300,7 +300,7 @@ class EdgeEagle:
                     "tokens); start a new chat, shorten the message or raise n_ctx.")
             rest = rest[1:]
             dropped += 1
-        gen = self.generate(text, add_special=False, **kwargs)
+        gen = self.generate(ids, **kwargs)  # already tokenized: generate() need not do it again
         gen.dropped_messages = dropped
         return gen
 

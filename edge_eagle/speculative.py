@@ -76,7 +76,7 @@ def speculate(target: Target, drafter: Drafter | None, prompt: Sequence[int], *,
         if n_acc < len(drafts):
             target.memory.remove_from(n_past + n_acc + 1)
         t_ingest = perf_counter()
-        if wants_features and capturing:
+        if capturing:  # implies wants_features
             drafter.ingest(res.features[: n_acc + 1], n_past, batch[: n_acc + 1])  # type: ignore[union-attr]
             if controller is not None and want == 0:
                 drafter.trim(controller.idle_window)  # type: ignore[union-attr]
