@@ -6,6 +6,7 @@ FuzzFailure with what is needed to reproduce it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import struct
@@ -61,12 +62,14 @@ def mutate_bytes(rng: random.Random, data: bytes, region: int | None = None) -> 
     return bytes(buf), op
 
 
-def gguf_header_end(path: Path) -> int:
-    """Where a GGUF's tensor data starts (the end of the part a reader parses)."""
+@functools.lru_cache(maxsize=8)
+def _base(path: Path) -> tuple[bytes, int]:
+    """A real GGUF's bytes and where its tensor data starts (the end of the part a reader
+    parses), read once per file for all the cases mutating it."""
     from edge_eagle.gguf_file import read_gguf
 
     g = read_gguf(path)
-    return min(t.offset for t in g.tensors.values())
+    return path.read_bytes(), min(t.offset for t in g.tensors.values())
 
 
 # --- the cases ------------------------------------------------------------------------------
@@ -75,19 +78,21 @@ def case_gguf_reader(rng: random.Random, base: Path, work: Path) -> str:
     """read_gguf on a real GGUF whose header was mutated."""
     from edge_eagle.gguf_file import read_gguf
 
-    data = base.read_bytes()
-    mutated, op = mutate_bytes(rng, data, gguf_header_end(base))
+    data, header_end = _base(base)
+    mutated, op = mutate_bytes(rng, data, header_end)
     path = work / "fuzz.gguf"
     path.write_bytes(mutated)
     return _expect_clear_error(lambda: read_gguf(path), f"read_gguf({base.name}, {op})")
 
 
+@functools.lru_cache(maxsize=8)
 def _scalar_value_offsets(path: Path) -> dict[str, tuple[int, int]]:
     """key -> (byte offset, gguf value type) of every scalar metadata value in the header."""
     from edge_eagle.gguf_file import read_gguf
 
     g = read_gguf(path)
-    head = path.read_bytes()[: gguf_header_end(path)]
+    data, header_end = _base(path)
+    head = data[:header_end]
     out = {}
     for key, (vtype, _) in g.types.items():
         if vtype in (4, 5, 6, 10, 11, 0, 1, 2, 3, 7, 12):
@@ -125,7 +130,7 @@ def mutate_gguf_value(rng: random.Random, base: Path) -> tuple[bytes, str]:
     else:
         value = rng.choice(EDGE_INTS + [rng.randrange(2 ** (8 * width))])
         raw = (value % 2 ** (8 * width)).to_bytes(width, "little")
-    data = bytearray(base.read_bytes())
+    data = bytearray(_base(base)[0])
     data[off:off + width] = raw
     return bytes(data), f"{key}={value!r}"
 
