@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import re
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from llama_cpp import llama_cpp as C
 
@@ -14,22 +16,31 @@ from .errors import ModelFileError
 _init_lock = threading.Lock()
 _initialised = False
 _log_cb: Any = None
+_verbose = False
+_load_log = threading.local()  # lines of llama.cpp's log collected while this thread loads a model
+_BUFFER_LINE = re.compile(rb"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
 
 
 def init_backend() -> None:
-    """Initialise llama.cpp once and silence its logging unless EDGE_EAGLE_VERBOSE is set."""
-    global _initialised, _log_cb
+    """Initialise llama.cpp once; its log is silent unless EDGE_EAGLE_VERBOSE is set, and the
+    loader's buffer lines are kept so that each model can say where its weights went."""
+    global _initialised, _log_cb, _verbose
     with _init_lock:
         if _initialised:
             return
         C.llama_backend_init()
-        if not os.environ.get("EDGE_EAGLE_VERBOSE"):
-            @C.llama_log_callback
-            def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-                return None
+        _verbose = bool(os.environ.get("EDGE_EAGLE_VERBOSE"))
 
-            _log_cb = _quiet  # keep a reference: llama.cpp holds the pointer
-            C.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        @C.llama_log_callback
+        def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            lines = getattr(_load_log, "lines", None)
+            if lines is not None and text:
+                lines.append(text)
+            if _verbose and text:
+                os.write(2, text)
+
+        _log_cb = _log  # keep a reference: llama.cpp holds the pointer
+        C.llama_log_set(_log_cb, ctypes.c_void_p(0))
         _initialised = True
 
 
@@ -51,16 +62,47 @@ def free_model(model: Any) -> None:
     _LIVE["models"] -= 1
 
 
-def load_model(path: str, n_gpu_layers: int) -> Any:
+class LoadedModel:
+    """What a load did: the repack decision taken and llama.cpp's buffers (type -> MiB)."""
+
+    def __init__(self, handle: Any, repack: Any, buffers: dict[str, float]):
+        self.handle, self.repack, self.buffers = handle, repack, buffers
+
+
+def load_model(path: str, n_gpu_layers: int, n_layer: int | None = None, repack: str | None = None) -> LoadedModel:
+    """Load a GGUF with the weight-repacking decision of system.repack_for (AMX-safe)."""
+    from .system import repack_for
+
     init_backend()
+    decision = repack_for(n_gpu_layers, n_layer, repack)
     params = C.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
-    model = C.llama_model_load_from_file(os.fsencode(path), params)
+    params.use_extra_bufts = decision.use_extra_bufts
+    _load_log.lines = []
+    try:
+        model = C.llama_model_load_from_file(os.fsencode(path), params)
+    finally:
+        lines, _load_log.lines = _load_log.lines, None
     if not model:
         raise ModelFileError(f"llama.cpp could not load {os.path.basename(path)}; check that it is a model this "
                              "llama-cpp-python version supports (set EDGE_EAGLE_VERBOSE=1 for its log).")
     _LIVE["models"] += 1
-    return model
+    buffers: dict[str, float] = {}
+    for m in (_BUFFER_LINE.search(line) for line in lines):
+        if m:
+            buffers[m.group(1).decode()] = buffers.get(m.group(1).decode(), 0.0) + float(m.group(2))
+    return LoadedModel(model, decision, buffers)
+
+
+def load_model_buffers(path: str, n_gpu_layers: int = 0) -> dict[str, float]:
+    """Load a model only to see where llama.cpp puts its weights (for `inspect --system`)."""
+    from . import gguf_keys as K
+    from .gguf_file import read_gguf
+
+    n_layer = read_gguf(path).get(K.BLOCK_COUNT)
+    loaded = load_model(path, n_gpu_layers, n_layer)
+    free_model(loaded.handle)
+    return loaded.buffers
 
 
 def new_context(model: Any, name: str, **fields: Any) -> Any:
@@ -91,5 +133,37 @@ class Memory:
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
 
-    def pos_max(self) -> int:
-        return int(C.llama_memory_seq_pos_max(self._mem, 0))
+
+
+def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str) -> None:
+    """llama.cpp's own quantizer: write `src` as `dst` with file type `ftype` (e.g. "Q4_0")."""
+    init_backend()
+    params = C.llama_model_quantize_default_params()
+    params.ftype = getattr(C, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}")
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    if C.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)) != 0:
+        raise ModelFileError(f"llama.cpp could not quantize {os.path.basename(src)} to {ftype}; "
+                             "check that the file loads.")
+
+
+@contextlib.contextmanager
+def llama_cpp_python_repack(n_gpu_layers: int = 0, repack: str | None = None) -> Iterator[Any]:
+    """Apply the repack decision to llama-cpp-python's own `Llama(...)`, which has no parameter
+    for it: its constructor takes llama_model_default_params() and sets fields on the result,
+    so the defaults it sees carry use_extra_bufts for the duration of the block."""
+    from .system import repack_for
+
+    decision = repack_for(n_gpu_layers, None, repack)
+    original = C.llama_model_default_params
+
+    def defaults() -> Any:
+        params = original()
+        params.use_extra_bufts = decision.use_extra_bufts
+        return params
+
+    C.llama_model_default_params = defaults
+    try:
+        yield decision
+    finally:
+        C.llama_model_default_params = original

@@ -205,21 +205,24 @@ class EdgeEagle:
     target: path to a target GGUF (None: the embedded SmolLM2-135M-Instruct).
     drafter: path to an eagle3 GGUF, "default" (the shipped drafter for the default
         target, else prompt lookup), "ngram" (prompt lookup), a Drafter, or None (plain).
+    repack: llama.cpp CPU weight repacking, "auto" (off only where its AMX kernels would
+        run, which crash), "on" or "off"; None reads $EDGE_EAGLE_REPACK (default auto).
     """
 
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
                  None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
-                 n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8):
+                 n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
+                 repack: str | None = None):
         k = _check_k(k)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
         self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                             capture=capture)
+                             capture=capture, repack=repack)
         self.k, self.p_min, self.k_max = k, p_min, k_max
         self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
         self.drafter: Drafter | None
         try:
-            self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads)
+            self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads, repack)
         except BaseException:
             self.target.close()
             raise
@@ -229,7 +232,7 @@ class EdgeEagle:
         self._owner: int | None = None
 
     def _make_drafter(self, drafter: str | os.PathLike[str] | Drafter | None, default_target: bool,
-                      n_gpu_layers: int, n_threads: int | None) -> Drafter | None:
+                      n_gpu_layers: int, n_threads: int | None, repack: str | None) -> Drafter | None:
         if drafter is None or drafter == "none":
             return None
         if isinstance(drafter, Drafter):
@@ -238,10 +241,11 @@ class EdgeEagle:
             return NgramDrafter()
         if drafter == "default":
             path = defaults.default_drafter() if default_target else None
-            return NgramDrafter() if path is None else EagleDrafter(path, self.target, n_gpu_layers=n_gpu_layers,
-                                                                    n_threads=n_threads)
+            if path is None:
+                return NgramDrafter()
+            drafter = path
         return EagleDrafter(drafter, self.target, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                            gguf=read_gguf(drafter))
+                            gguf=read_gguf(drafter), repack=repack)
 
     # --- generation ------------------------------------------------------------------------
 

@@ -28,6 +28,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: up to 8)")
+    _add_repack_arg(p)
+
+
+def _add_repack_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repack", choices=["auto", "on", "off"], default=None,
+                   help="llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would "
+                        "run, since they crash; also $EDGE_EAGLE_REPACK)")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -81,10 +88,29 @@ def _describe(path: str) -> dict[str, Any]:
     return info
 
 
+def cmd_system(args: argparse.Namespace) -> int:
+    from . import defaults
+    from .system import format_report, system_report
+
+    models = {}
+    target = args.target or (str(defaults.default_target()) if not args.file else None)
+    if target:
+        models["target"] = target
+    if args.file:
+        models["drafter" if _describe(args.file)["kind"] == "drafter" else "model"] = args.file
+    report = system_report(args.gpu_layers, models)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .eagle import check_pair
     from .gguf_file import read_gguf
 
+    if args.system:
+        return cmd_system(args)
+    if not args.file:
+        raise EdgeEagleError("Name a GGUF to inspect, or pass --system for the machine and llama.cpp build.")
     info = _describe(args.file)
     if args.target:
         info["target"] = _describe(args.target)
@@ -251,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--norms", choices=["eagle3.1", "eagle3"], default="eagle3.1")
     t.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     t.add_argument("--threads", type=int, default=None)
+    _add_repack_arg(t)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--gguf", help="also convert the checkpoint to this GGUF")
     t.add_argument("--outtype", default="q8_0", choices=["f32", "f16", "bf16", "q8_0"])
@@ -275,15 +302,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-model-k", type=int, default=3)
     b.add_argument("--n-ctx", type=int, default=2048)
     b.add_argument("--threads", type=int, default=None)
+    _add_repack_arg(b)
     b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")
     b.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and the plots")
     b.add_argument("--json", help="also write the JSON report here")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_bench)
 
-    i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target")
-    i.add_argument("file")
+    i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target; "
+                       "--system: the llama.cpp build, devices and buffer types (for bug reports)")
+    i.add_argument("file", nargs="?")
     i.add_argument("--target", help="target GGUF to check the pair against")
+    i.add_argument("--system", action="store_true",
+                   help="print the llama.cpp build, its backends and devices, the CPU features, the weight "
+                        "buffer types in use and why, and the thread count")
+    i.add_argument("--gpu-layers", type=int, default=0, help="with --system: layers offloaded, as you run them")
+    _add_repack_arg(i)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     return parser
@@ -292,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if getattr(args, "repack", None):
+        # through the environment, so that child processes (bench runners, upstream's loop) see it too
+        os.environ["EDGE_EAGLE_REPACK"] = args.repack
     try:
         return func(args)
     except EdgeEagleError as e:

@@ -138,7 +138,7 @@ class EagleDrafter(Drafter):
     samples = True
 
     def __init__(self, path: str | os.PathLike[str], target: Target, *, n_gpu_layers: int = 0,
-                 n_threads: int | None = None, gguf: GGUFFile | None = None):
+                 n_threads: int | None = None, gguf: GGUFFile | None = None, repack: str | None = None):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
         check_hparams(self.gguf)
@@ -160,7 +160,8 @@ class EagleDrafter(Drafter):
             self._out_norm_w = self.gguf.tensor_array(K.T_OUTPUT_NORM).astype(np.float32)
 
         threads = n_threads or n_threads_default()
-        self.model = load_model(self.path, n_gpu_layers)
+        loaded = load_model(self.path, n_gpu_layers, 1, repack)
+        self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
                                n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
                                n_threads_batch=threads, no_perf=True, ctx_other=target.ctx)

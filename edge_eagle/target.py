@@ -37,7 +37,7 @@ class Target:
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, capture: str = "auto",
-                 gguf: GGUFFile | None = None):
+                 gguf: GGUFFile | None = None, repack: str | None = None):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
         if self.gguf.arch == K.EAGLE3:
@@ -59,7 +59,8 @@ class Target:
         self._cb_keepalive: Any = None
         threads = n_threads or n_threads_default()
 
-        self.model = load_model(self.path, n_gpu_layers)
+        loaded = load_model(self.path, n_gpu_layers, self.n_layer, repack)
+        self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
         fields: dict[str, Any] = dict(n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch,

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from .._llama import llama_cpp_python_repack
 from ..errors import EdgeEagleError
+from ..system import repack_for
 
 UPSTREAM_VERSION = "0.3.36"
 
@@ -135,8 +137,9 @@ class PromptLookupRunner(Runner):
         # default (off) shifts logits enough to flip near-ties. logits_all=True: with a draft model,
         # llama-cpp-python sizes its logits buffer by n_batch unless logits_all is passed, and
         # overflows once the sequence passes n_batch.
-        self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         draft_model=self.draft, logits_all=True, flash_attn=True, verbose=False)
+        with llama_cpp_python_repack():  # llama.cpp's AMX kernels crash (edge_eagle/system.py)
+            self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                             draft_model=self.draft, logits_all=True, flash_attn=True, verbose=False)
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
         self.draft.calls.clear()
@@ -212,7 +215,7 @@ class UpstreamRunner(Runner):
                 "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                 "-f", prompt_file, "-n", str(n), "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4"]
+                "--seed", "0", "-lv", "4"] + ([] if repack_for(0, None).use_extra_bufts else ["--no-repack"])
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:

@@ -1,0 +1,251 @@
+"""What llama.cpp sees on this machine, and the weight-repacking decision that depends on it.
+
+llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36) repacks CPU weights into "extra
+buffer types" at load time: CPU_REPACK (interleaved Q4_0/Q4_K/IQ4_NL/Q8_0/... blocks for
+AVX2/AVX-512/NEON kernels) and, on CPUs with AMX when the build has AMX kernels, AMX. The
+AMX kernels segfault in ``ggml_backend_amx_mul_mat`` on batches of more than a couple of
+tokens (ggml-org/llama.cpp#20824, closed unfixed). llama.cpp offers one switch for both,
+``llama_model_params.use_extra_bufts`` (``--no-repack`` in its tools), so "auto" turns the
+extra buffer types off exactly when the AMX buffer type is among them and weights live on
+the CPU, and leaves repacking on everywhere else (it speeds up Q4_0/Q4_K on x86; see README).
+
+Override with ``EDGE_EAGLE_REPACK=auto|on|off``, ``repack=`` in the API or ``--repack``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import EdgeEagleError
+
+REPACK_ENV = "EDGE_EAGLE_REPACK"
+REPACK_MODES = ("auto", "on", "off")
+AMX_BUFT = "AMX"
+AMX_BUG = "llama.cpp's AMX kernels crash on multi-token batches (ggml-org/llama.cpp#20824)"
+
+# ggml_backend_dev_type
+_DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+@dataclass(frozen=True)
+class RepackDecision:
+    use_extra_bufts: bool
+    mode: str  # the requested mode: auto, on or off
+    reason: str
+
+
+def repack_mode(requested: str | None = None) -> str:
+    """The repack mode in force: the argument, else $EDGE_EAGLE_REPACK, else auto."""
+    mode = (requested if requested is not None else os.environ.get(REPACK_ENV, "auto")).strip().lower() or "auto"
+    if mode not in REPACK_MODES:
+        raise EdgeEagleError(f"Unknown repack mode '{mode}' (from {'repack=' if requested is not None else REPACK_ENV}); "
+                             "use auto, on or off.")
+    return mode
+
+
+def decide_repack(mode: str, extra_bufts: list[str], weights_on_cpu: bool) -> RepackDecision:
+    """Whether llama.cpp may put weights into its CPU extra buffer types (pure: unit-tested)."""
+    if mode == "on":
+        return RepackDecision(True, mode, "forced on")
+    if mode == "off":
+        return RepackDecision(False, mode, "forced off")
+    if AMX_BUFT in extra_bufts and weights_on_cpu:
+        return RepackDecision(False, mode, f"off: this CPU and build use the AMX buffer type, and {AMX_BUG}")
+    if not extra_bufts:
+        return RepackDecision(True, mode, "on (this build has no extra CPU buffer types; nothing is repacked)")
+    if AMX_BUFT in extra_bufts:
+        return RepackDecision(True, mode, "on: every layer is offloaded, so the AMX kernels are not used")
+    return RepackDecision(True, mode, f"on: {', '.join(extra_bufts)} repacking, no AMX")
+
+
+def weights_on_cpu(n_gpu_layers: int, n_layer: int | None) -> bool:
+    """Whether some matmul weights of a model stay on the CPU."""
+    if not any(d["type"] in ("gpu", "igpu") for d in devices()):
+        return True
+    if n_gpu_layers < 0:
+        return False
+    return n_layer is None or n_gpu_layers < n_layer + 1  # llama.cpp counts the output layer as one more
+
+
+def repack_for(n_gpu_layers: int, n_layer: int | None, requested: str | None = None) -> RepackDecision:
+    return decide_repack(repack_mode(requested), cpu_extra_buffer_types(), weights_on_cpu(n_gpu_layers, n_layer))
+
+
+# --- ggml's backend registry, through ctypes -------------------------------------------------
+
+class _Feature(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+_ggml: Any = None
+
+
+def _lib() -> Any:
+    global _ggml
+    if _ggml is None:
+        from llama_cpp import _ggml as G
+
+        from ._llama import init_backend
+
+        init_backend()
+        lib = G.libggml
+        p = ctypes.c_void_p
+        for name, args, res in [
+            ("ggml_backend_dev_count", [], ctypes.c_size_t), ("ggml_backend_dev_get", [ctypes.c_size_t], p),
+            ("ggml_backend_dev_name", [p], ctypes.c_char_p), ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+            ("ggml_backend_dev_type", [p], ctypes.c_int), ("ggml_backend_dev_backend_reg", [p], p),
+            ("ggml_backend_dev_memory", [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None),
+            ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+            ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+            ("ggml_backend_buft_name", [p], ctypes.c_char_p),
+        ]:
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        _ggml = lib
+    return _ggml
+
+
+def _cpu_device() -> Any:
+    g = _lib()
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        if _DEV_TYPES.get(g.ggml_backend_dev_type(dev)) == "cpu":
+            return dev
+    return None
+
+
+def cpu_extra_buffer_types() -> list[str]:
+    """Names of the CPU device's extra buffer types in this build on this CPU, in llama.cpp's order."""
+    g, dev = _lib(), _cpu_device()
+    if dev is None:
+        return []
+    fn = g.ggml_backend_reg_get_proc_address(g.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
+    if not fn:
+        return []
+    arr = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(dev)
+    names, i = [], 0
+    while arr and arr[i]:
+        names.append(g.ggml_backend_buft_name(arr[i]).decode())
+        i += 1
+    return names
+
+
+def backend_features() -> dict[str, dict[str, str]]:
+    """Per backend registry, the features it reports (CPU: SSE3, AVX2, AVX512, AMX_INT8, REPACK, ...)."""
+    g = _lib()
+    out: dict[str, dict[str, str]] = {}
+    seen: set[int] = set()
+    for i in range(g.ggml_backend_dev_count()):
+        reg = g.ggml_backend_dev_backend_reg(g.ggml_backend_dev_get(i))
+        if reg in seen:
+            continue
+        seen.add(reg)
+        feats: dict[str, str] = {}
+        fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_get_features")
+        if fn:
+            arr = ctypes.CFUNCTYPE(ctypes.POINTER(_Feature), ctypes.c_void_p)(fn)(reg)
+            j = 0
+            while arr and arr[j].name:
+                feats[arr[j].name.decode()] = (arr[j].value or b"").decode()
+                j += 1
+        out[g.ggml_backend_reg_name(reg).decode()] = feats
+    return out
+
+
+def devices() -> list[dict[str, Any]]:
+    g = _lib()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({"name": g.ggml_backend_dev_name(dev).decode(),
+                    "description": (g.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                    "type": _DEV_TYPES.get(g.ggml_backend_dev_type(dev), "unknown"),
+                    "memory_total_mib": round(total.value / 2**20), "memory_free_mib": round(free.value / 2**20)})
+    return out
+
+
+def cpu_flags() -> set[str]:
+    """The kernel's CPU flags (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass
+class SystemReport:
+    llama_cpp_python: str
+    llama_cpp_commit: str
+    system_info: str
+    cpu: str
+    cores: int | None
+    cpu_amx_flags: list[str]
+    threads_default: int
+    devices: list[dict[str, Any]]
+    features: dict[str, dict[str, str]]
+    cpu_extra_buffer_types: list[str]
+    repack: dict[str, Any]
+    model_buffers: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+LLAMA_CPP_COMMIT = "0c1e57098"  # what llama-cpp-python 0.3.36 vendors (NOTES §4)
+
+
+def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = None) -> SystemReport:
+    """Everything a bug report about speed or a crash needs; loads the given models to list their buffers."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as C
+
+    from ._llama import load_model_buffers, n_threads_default
+
+    decision = repack_for(n_gpu_layers, None)
+    buffers = {role: load_model_buffers(path, n_gpu_layers) for role, path in (model_paths or {}).items()}
+    return SystemReport(
+        llama_cpp_python=getattr(llama_cpp, "__version__", "?"), llama_cpp_commit=LLAMA_CPP_COMMIT,
+        system_info=C.llama_print_system_info().decode(errors="replace").strip(), cpu=cpu_name(),
+        cores=os.cpu_count(), cpu_amx_flags=sorted(f for f in cpu_flags() if f.startswith("amx")),
+        threads_default=n_threads_default(), devices=devices(), features=backend_features(),
+        cpu_extra_buffer_types=cpu_extra_buffer_types(),
+        repack={"env": os.environ.get(REPACK_ENV), **asdict(decision)}, model_buffers=buffers)
+
+
+def format_report(r: SystemReport) -> str:
+    lines = [f"llama-cpp-python {r.llama_cpp_python} (llama.cpp {r.llama_cpp_commit})",
+             f"CPU: {r.cpu}, {r.cores} cores; default threads {r.threads_default}"
+             + (f"; kernel AMX flags: {' '.join(r.cpu_amx_flags)}" if r.cpu_amx_flags else "; no AMX"),
+             "devices:"]
+    lines += [f"  {d['name']} ({d['type']}): {d['description']}"
+              + (f", {d['memory_free_mib']}/{d['memory_total_mib']} MiB free" if d["memory_total_mib"] else "")
+              for d in r.devices]
+    for reg, feats in r.features.items():
+        lines.append(f"{reg} features: " + " ".join(k if v in ("1", "") else f"{k}={v}" for k, v in feats.items()))
+    lines.append("CPU extra buffer types: " + (", ".join(r.cpu_extra_buffer_types) or "none"))
+    env = f" (from {REPACK_ENV}={r.repack['env']})" if r.repack["env"] else ""
+    lines.append(f"weight repacking [{r.repack['mode']}{env}]: {r.repack['reason']}")
+    for role, bufs in r.model_buffers.items():
+        lines.append(f"{role} buffers: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in bufs.items()))
+    return "\n".join(lines)
