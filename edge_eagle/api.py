@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from .controller import KController
-from .drafter import Drafter, NgramDrafter
+from .costs import CostModel, measure_batch_costs
+from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
+from .policy import DraftPolicy, Fixed
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
@@ -78,14 +80,14 @@ class Generation:
     def _run(self) -> Iterator[Token]:
         eng = self._engine
         with eng._acquire():
-            drafter = eng.drafter if self._speculative else None
+            drafter = eng.drafter if self._speculative and eng.drafter is not None else NO_DRAFTER
             sampler = Sampler(self._sampling)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
             try:
-                k = eng.auto_controller() if self._k == "auto" and drafter is not None else self._k
+                policy = eng.policy(self._k if drafter is not NO_DRAFTER else 0)
                 steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
-                                  k=0 if k == "auto" else k, sampler=sampler, stats=self.stats, p_min=self._p_min)
+                                  policy=policy, sampler=sampler, stats=self.stats, p_min=self._p_min)
                 for new, origins in steps:
                     for tok, origin in zip(new, origins):
                         if eng.target.is_eog(tok):
@@ -158,27 +160,6 @@ def _check_k(k: int | str) -> int | str:
     if k == "auto" or (isinstance(k, int) and k >= 0):
         return k
     raise EdgeEagleError(f"k must be 'auto' or a draft length of 0 or more, got {k!r}; pass --k auto or --k 4.")
-
-
-def calibrate(target: Target, controller: KController, n_max: int, reps: int = 3) -> None:
-    """Time target decodes of 1..n_max tokens (median of reps) into the controller's cost model."""
-    import statistics
-    from time import perf_counter
-
-    target.set_capture(())
-    pad = target.eos if target.eos >= 0 else 0
-    target.memory.clear()
-    target.decode([pad] * n_max, 0, "all")  # warm-up: first calls allocate
-    for n in range(1, n_max + 1):
-        times = []
-        for _ in range(reps):
-            target.memory.clear()
-            target.decode([pad] * 8, 0, "last")  # some context
-            t0 = perf_counter()
-            target.decode([pad] * n, 8, "all")
-            times.append(perf_counter() - t0)
-        controller.costs.verify_s[n] = statistics.median(times)
-    target.memory.clear()
 
 
 def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
@@ -270,12 +251,15 @@ class EdgeEagle:
                           sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min)
 
+    def policy(self, k: int | str) -> DraftPolicy:
+        """The draft-length policy for k: Fixed(k), or the engine's adaptive controller for "auto"."""
+        return self.auto_controller() if k == "auto" else Fixed(int(k))
+
     def auto_controller(self) -> KController:
-        """The engine's k controller, its target costs c(n) measured on first use."""
+        """The engine's k controller, its target batch costs c(n) measured on first use."""
         if self.controller is None:
-            controller = KController(k_max=self.k_max)
-            calibrate(self.target, controller, self.k_max + 1)
-            self.controller = controller
+            costs = CostModel(verify_s=measure_batch_costs(self.target, self.k_max + 1))
+            self.controller = KController(k_max=self.k_max, costs=costs)
         return self.controller
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, truncate: bool = True, **kwargs) -> Generation:

@@ -5,57 +5,16 @@ with r_j the running conditional acceptance rate of draft position j; its cost, 
 of one single-token target decode, is C(k) = c(k+1) + k*d, with c(n) the target's batch
 cost relative to n = 1 and d the drafter's step cost. The controller picks the k in
 0..k_max that maximises E(k)/C(k); k = 0 (plain decoding, E = C = 1) wins unless some k
-beats it. Costs are measured at start-up and then tracked online; while it decodes
-plainly it probes one short draft every `probe_every` cycles so acceptance stays current.
+beats it. Costs are measured at start-up and then tracked online (costs.py owns the
+formulas); while it decodes plainly it probes one short draft every `probe_every` cycles so
+acceptance stays current. KController is a policy.DraftPolicy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass
-class CostModel:
-    """Seconds per target decode of n tokens and per drafter step, tracked as EMAs."""
-
-    alpha: float = 0.1
-    verify_s: dict[int, float] = field(default_factory=dict)
-    draft_step_s: float | None = None
-
-    def observe_verify(self, n: int, seconds: float) -> None:
-        old = self.verify_s.get(n)
-        self.verify_s[n] = seconds if old is None else old + self.alpha * (seconds - old)
-
-    def observe_draft(self, steps: int, seconds: float) -> None:
-        if steps <= 0:
-            return
-        per = seconds / steps
-        old = self.draft_step_s
-        self.draft_step_s = per if old is None else old + self.alpha * (per - old)
-
-    def c(self, n: int) -> float:
-        """Target batch cost of n tokens relative to one (linear extrapolation if unmeasured).
-        Never below the cost of a smaller batch: timing noise must not make k look free."""
-        one = self.verify_s.get(1)
-        if not one:
-            return float(n)  # the pessimistic, compute-bound assumption
-        best = 1.0
-        for m in range(2, n + 1):
-            if m in self.verify_s:
-                best = max(best, self.verify_s[m] / one)
-            else:
-                known = max(x for x in self.verify_s if x < m)
-                best = max(best, self.verify_s[known] / one * m / known)
-        return best
-
-    def d(self) -> float:
-        one = self.verify_s.get(1)
-        if not one or self.draft_step_s is None:
-            return 0.2
-        return self.draft_step_s / one
-
-    def cost(self, k: int) -> float:
-        return self.c(k + 1) + k * self.d()
+from .costs import CostModel, predicted_speedup
 
 
 @dataclass
@@ -121,7 +80,7 @@ class KController:
 
     def speedup(self, k: int) -> float:
         assert self.acceptance is not None
-        return self.acceptance.expected_tokens(k) / self.costs.cost(k) if k else 1.0
+        return predicted_speedup(self.acceptance.expected_tokens(k), k, self.costs.c(k + 1), self.costs.d()) if k else 1.0
 
     def best_k(self) -> int:
         """argmax_k E(k)/C(k); plain decoding unless the best beats it by `margin`."""
@@ -149,6 +108,10 @@ class KController:
         cycles: the loop captures target features, which cost a few percent per token, only then."""
         best = self._cached if self._cached is not None else self.best_k()
         return best > 0 or self._plain_run >= self.probe_gap - within
+
+    def features_needed_soon(self) -> bool:
+        """The DraftPolicy hook: a draft may come within the drafter's idle window."""
+        return self.drafting_soon(self.idle_window)
 
     @property
     def probe_gap(self) -> int:

@@ -1,7 +1,8 @@
 """The drafter interface the speculative loop depends on, and two simple drafters.
 
 A drafter sees the committed token sequence (and, if it wants them, the target's captured
-features) and proposes up to k next tokens. The EAGLE drafter lives in eagle.py.
+features) and proposes up to k next tokens as a Proposal. The EAGLE drafter lives in
+eagle.py; NoDrafter is plain decoding.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from abc import ABC, abstractmethod
 from typing import Sequence
 
 import numpy as np
+
+from .proposal import EMPTY, Proposal
 
 
 class Drafter(ABC):
@@ -20,10 +23,6 @@ class Drafter(ABC):
     #: the target layers whose inputs this drafter consumes
     target_layers: tuple[int, ...] = ()
     name: str = "drafter"
-    #: drafters that can sample their drafts take a `choose` callable in propose() and leave
-    #: the proposal distributions q of the last proposal here (None: deterministic drafts)
-    samples: bool = False
-    last_q: list[np.ndarray] | None = None
 
     def reset(self) -> None:
         """Forget all state: a new request starts."""
@@ -39,10 +38,11 @@ class Drafter(ABC):
         only that window of context)."""
 
     @abstractmethod
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         """Up to k draft tokens that follow `tokens` (the whole committed sequence); a drafter
-        with confidences stops early once its top probability falls below p_min. A drafter
-        that `samples` picks each draft with choose(logits) -> (token, q) when given one."""
+        with confidences stops early once its top probability falls below p_min. When the
+        loop samples, it passes choose(logits) -> (token, q); a drafter with a distribution
+        picks each draft with it and returns the q's in the Proposal, others ignore it."""
 
     def close(self) -> None:
         """Release native resources."""
@@ -59,7 +59,7 @@ class NgramDrafter(Drafter):
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         seq = np.asarray(tokens, dtype=np.int64)
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
@@ -68,33 +68,17 @@ class NgramDrafter(Drafter):
             hits = np.flatnonzero((windows == tail).all(axis=1))
             if len(hits):
                 start = int(hits[-1]) + n
-                return [int(t) for t in seq[start:start + k]]
-        return []
+                return Proposal.chain(seq[start:start + k])
+        return EMPTY
 
 
-class OracleDrafter(Drafter):
-    """Knows the continuation in advance (for tests): proposes the reference tokens that
-    follow the committed sequence, optionally corrupting every `corrupt_every`-th draft."""
+class NoDrafter(Drafter):
+    """Plain decoding: proposes nothing."""
 
-    name = "oracle"
+    name = "none"
 
-    def __init__(self, reference: Sequence[int], corrupt_every: int = 0, vocab_size: int = 2):
-        self.reference = list(reference)
-        self.corrupt_every = corrupt_every
-        self.vocab_size = vocab_size
-        self._count = 0
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
+        return EMPTY
 
-    def reset(self) -> None:
-        self._count = 0
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
-        n = len(tokens)
-        if list(tokens) != self.reference[:n]:
-            return []
-        out = self.reference[n:n + k]
-        if self.corrupt_every:
-            for i in range(len(out)):
-                self._count += 1
-                if self._count % self.corrupt_every == 0:
-                    out[i] = (out[i] + 1) % self.vocab_size
-        return out
+NO_DRAFTER = NoDrafter()

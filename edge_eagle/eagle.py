@@ -26,6 +26,7 @@ from ._llama import Memory, free_context, free_model, load_model, n_threads_defa
 from .drafter import Drafter
 from .errors import EdgeEagleError, ModelFileError, PairMismatchError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
+from .proposal import Proposal
 from .target import Target
 
 
@@ -135,7 +136,6 @@ class EagleDrafter(Drafter):
     """An eagle3 GGUF in a second llama.cpp context that borrows from the target's."""
 
     needs_features = True
-    samples = True
 
     def __init__(self, path: str | os.PathLike[str], target: Target, *, n_gpu_layers: int = 0,
                  n_threads: int | None = None, gguf: GGUFFile | None = None, repack: str | None = None):
@@ -282,13 +282,13 @@ class EagleDrafter(Drafter):
 
     # --- proposing -----------------------------------------------------------------------
 
-    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> list[int]:
+    def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         return self.propose_with_logits(tokens, k, p_min, choose)[0]
 
     def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
-                            choose=None) -> tuple[list[int], list[np.ndarray]]:
+                            choose=None) -> tuple[Proposal, list[np.ndarray]]:
         """A chain of up to k drafts, with the drafter's logits at each step. choose(logits)
-        -> (token, q or None) picks each draft (default greedy); the q's go to self.last_q."""
+        -> (token, q or None) picks each draft (default greedy); sampled q's go into the Proposal."""
         if not self._pend_rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
@@ -309,7 +309,6 @@ class EagleDrafter(Drafter):
         all_logits: list[np.ndarray] = []
         pos = n_past - 1  # the row just decoded; chain rows follow it
         qs: list[np.ndarray] = []
-        self.last_q = None
         while k > 0:
             if p_min > 0.0:
                 z = logits - logits.max()
@@ -324,9 +323,7 @@ class EagleDrafter(Drafter):
                 break
             pos += 1
             logits, h = self.decode([d], self.carry(h)[None, :], pos)
-        if qs:
-            self.last_q = qs
-        return drafts, all_logits
+        return Proposal.chain(drafts, qs if qs else None), all_logits
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

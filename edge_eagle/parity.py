@@ -42,7 +42,8 @@ def compare_chain(drafter: EagleDrafter, model, feats: np.ndarray, seq: Sequence
 
     from .reference import reference_chain
 
-    drafts, logits = drafter.propose_with_logits(seq, k)
+    proposal, logits = drafter.propose_with_logits(seq, k)
+    drafts = proposal.tokens
     ref_drafts, ref_logits = reference_chain(model, torch.from_numpy(np.asarray(feats)), list(seq), k)
     ref = ref_logits.numpy()
     err, scale, agree = 0.0, 0.0, 0

@@ -1,20 +1,9 @@
-"""Turning target logits into tokens, and verifying drafts against them.
-
-Greedy: accept drafts while they equal the target's argmax; the first mismatch (or the
-row after the last draft) gives the bonus token.
-
-Sampling (temperature > 0) is speculative sampling: a draft d proposed with probability
-q(d) is accepted with probability min(1, p(d)/q(d)); on rejection the token is drawn from
-the residual max(p - q, 0), renormalised. The emitted tokens follow the target distribution
-p exactly. Drafters that sample their drafts from q (the EAGLE drafter) pass q along;
-for a deterministic draft q is a point mass on d, so d is accepted with probability p(d)
-and the residual is p without d.
-"""
+"""Turning logits into tokens: the target distribution after temperature, top-k and top-p,
+and how the target and a drafter pick from it. Verifying drafts is verify.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -67,29 +56,3 @@ class Sampler:
             return int(np.argmax(logits)), None
         q = self.probs(logits)
         return int(self.rng.choice(len(q), p=q)), q
-
-    def verify(self, logits: np.ndarray, drafts: Sequence[int],
-               draft_probs: Sequence[np.ndarray] | None = None) -> tuple[int, int]:
-        """logits [len(drafts)+1, V] of the verify batch -> (drafts accepted, next token).
-        draft_probs: the q each draft was sampled from (None: deterministic drafts)."""
-        if self.params.greedy:
-            best = np.argmax(logits[: len(drafts) + 1], axis=1)
-            n = 0
-            while n < len(drafts) and best[n] == drafts[n]:
-                n += 1
-            return n, int(best[n])
-        for i, d in enumerate(drafts):
-            p = self.probs(logits[i])
-            q_d = 1.0 if draft_probs is None else float(draft_probs[i][d])
-            if self.rng.random() * q_d < p[d]:  # accept with min(1, p(d) / q(d))
-                continue
-            if draft_probs is None:
-                residual = p.copy()
-                residual[d] = 0.0
-            else:
-                residual = np.maximum(p - draft_probs[i], 0.0)
-            total = residual.sum()
-            if total <= 0.0:  # p == q: a rejection cannot happen; guard against rounding
-                return i, int(d)
-            return i, int(self.rng.choice(len(residual), p=residual / total))
-        return len(drafts), self.sample(logits[len(drafts)])

@@ -1,4 +1,5 @@
-"""Acceptance and timing statistics, named as in NOTES §7.
+"""Acceptance and timing statistics, named as in NOTES §7: the one counting type that the
+loop, the API, `bench`, the TUI and the scripts all read.
 
 - tau (mean acceptance length) = 1 + accepted / verify_steps (the bonus token counts)
 - per-position acceptance rate i = (#steps whose draft i was accepted) / (#steps that drafted i)
@@ -7,8 +8,9 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass
@@ -53,6 +55,14 @@ class SpecStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def k_mean(self) -> float:
+        return sum(self.k_history) / len(self.k_history) if self.k_history else 0.0
+
+    @property
+    def k_last(self) -> int:
+        return self.k_history[-1] if self.k_history else 0
+
+    @property
     def t_overhead(self) -> float:
         return max(0.0, self.t_total - self.t_verify - self.t_draft)
 
@@ -77,6 +87,18 @@ class SpecStats:
         for name in ("t_prefill", "t_verify", "t_draft", "t_total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    @classmethod
+    def total(cls, parts: Iterable["SpecStats"]) -> "SpecStats":
+        """The sum of several requests' figures."""
+        out = cls()
+        for part in parts:
+            out.merge(part)
+        return out
+
+    def snapshot(self) -> "SpecStats":
+        """An independent copy (for a message to another thread)."""
+        return copy.deepcopy(self)
+
     def to_dict(self) -> dict[str, Any]:
         total = self.t_total or 1.0
         return {
@@ -86,8 +108,8 @@ class SpecStats:
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
-            "k_mean": round(sum(self.k_history) / len(self.k_history), 3) if self.k_history else 0.0,
-            "k_last": self.k_history[-1] if self.k_history else 0,
+            "k_mean": round(self.k_mean, 3),
+            "k_last": self.k_last,
             "generated_tokens": self.generated,
             "prompt_tokens": self.prompt_tokens,
             "tokens_per_second": round(self.tokens_per_second, 3),

@@ -23,9 +23,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
-from edge_eagle import EdgeEagle, SpecStats  # noqa: E402
+from edge_eagle import Drafter, EdgeEagle, SpecStats  # noqa: E402
 from edge_eagle.fsutil import atomic_write  # noqa: E402
 from scripts.eval_drafter import mtbench_first_turns  # noqa: E402
+
+
+class GreedyDrafts(Drafter):
+    """The wrapped drafter, always drafting its argmax (it never sees the sampler's choose)."""
+
+    def __init__(self, inner: Drafter):
+        self.inner, self.name = inner, inner.name
+        self.needs_features, self.target_layers = inner.needs_features, inner.target_layers
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def ingest(self, features, pos0, tokens) -> None:
+        self.inner.ingest(features, pos0, tokens)
+
+    def trim(self, keep: int) -> None:
+        self.inner.trim(keep)
+
+    def propose(self, tokens, k, p_min=0.0, choose=None):
+        return self.inner.propose(tokens, k, p_min, None)
 
 
 def main() -> int:
@@ -50,10 +70,10 @@ def main() -> int:
                 total = SpecStats()
                 drafter = ee.drafter
                 if greedy_drafts:
-                    drafter.samples = False  # greedy drafts: accepted iff the target samples them
+                    ee.drafter = GreedyDrafts(drafter)  # greedy drafts: accepted iff the target samples them
                 for i, p in enumerate(tqdm(prompts, desc=name, file=sys.stderr)):
                     total.merge(ee.chat(msgs(p), max_tokens=args.n, temperature=temp, seed=i, k=5).result().stats)
-                drafter.samples = type(drafter).samples
+                ee.drafter = drafter
                 out[name] = {"tau": round(total.tau, 3), "temperature": temp, "k": 5,
                              "per_position_acceptance": [round(x, 3) for x in total.per_position_acceptance]}
         else:

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from edge_eagle import EdgeEagle, EdgeEagleError, OracleDrafter
+from edge_eagle import EdgeEagle, EdgeEagleError
+from tests.drafters import OracleDrafter
 from edge_eagle.api import _find_stop, _partial_stop
 from edge_eagle.target import Target
 from tests.test_errors import cli
@@ -175,3 +176,40 @@ def test_drafter_kv_is_no_larger_than_the_targets_context(tiny_target, tiny_draf
         # llama.cpp pads a context to a multiple of 256 cells; the drafter's is never larger
         assert C.llama_n_ctx(ee.drafter.ctx) <= C.llama_n_ctx(ee.target.ctx) <= 512
         assert C.llama_n_seq_max(ee.drafter.ctx) == 1
+
+
+def test_the_loop_drives_any_draft_policy_through_one_protocol(engine):
+    """A policy the library does not know (a schedule of draft lengths) plugs into the loop:
+    choose() is asked once per cycle, update() hears what that cycle drafted and accepted."""
+    from edge_eagle.sampling import Sampler, SamplingParams
+    from edge_eagle.speculative import speculate
+    from edge_eagle.stats import SpecStats
+
+    class Schedule:
+        idle_window = None
+
+        def __init__(self, ks):
+            self.ks, self.chosen, self.updates = list(ks), [], []
+
+        def choose(self):
+            k = self.ks[len(self.chosen) % len(self.ks)]
+            self.chosen.append(k)
+            return k
+
+        def update(self, drafted, accepted, verify_tokens, verify_s, draft_s):
+            self.updates.append((drafted, accepted, verify_tokens))
+
+        def features_needed_soon(self):
+            return True
+
+    prompt = engine.target.tokenize("Once upon a time")
+    plain = engine.generate(prompt, max_tokens=30, speculative=False).result().tokens
+    policy, stats = Schedule([0, 2, 3]), SpecStats()
+    out = [t for new, _ in speculate(engine.target, OracleDrafter(prompt + plain), prompt, max_tokens=30,
+                                     policy=policy, sampler=Sampler(SamplingParams()), stats=stats) for t in new]
+    assert out == plain
+    assert len(policy.updates) == len(policy.chosen) == stats.verify_steps
+    assert [d for d, _, _ in policy.updates] == stats.k_history
+    assert all(d <= k for (d, _, _), k in zip(policy.updates, policy.chosen))
+    assert all(a == d and n == d + 1 for d, a, n in policy.updates)  # the oracle is always right
+    assert stats.accepted == sum(a for _, a, _ in policy.updates) > 0

@@ -10,7 +10,10 @@ import pytest
 
 from edge_eagle.bench.prompts import load_jsonl
 from edge_eagle.bench.report import markdown
-from edge_eagle.bench.run import BenchOptions, _greedy_equal, _predict, run_bench
+from edge_eagle.bench.divergence import divergences, greedy_equal
+from edge_eagle.bench.run import BenchOptions, run_bench
+from edge_eagle.bench.suite import Bench
+from edge_eagle.bench.summary import predict
 from edge_eagle.bench.runners import EngineRunner, RunResult, acceptance_from_calls, run_measured, upstream_binary
 from edge_eagle.cli import main
 from edge_eagle.errors import EdgeEagleError
@@ -114,21 +117,21 @@ def test_acceptance_from_recorded_proposals():
              (5, [6, 7]),  # both accepted (cut at the end of seq)
              (7, [8])]  # after the last kept token: never verified
     acc = acceptance_from_calls(calls, seq)
-    assert acc == {"verify_steps": 2, "accepted": 4, "drafted": 5, "drafted_at": [2, 2, 1],
-                   "accepted_at": [2, 2, 0]}
+    assert (acc.verify_steps, acc.accepted, acc.drafted, acc.drafted_at, acc.accepted_at) == (2, 4, 5, [2, 2, 1],
+                                                                                             [2, 2, 0])
 
 
 def test_greedy_equality_check():
     plain = RunResult(text="hello world", tokens=[1, 2, 3], generated=3, seconds=1.0)
-    assert _greedy_equal(RunResult("hello world", [1, 2, 3], 3, 1.0), plain, 3)
-    assert not _greedy_equal(RunResult("hello world", [1, 2, 4], 3, 1.0), plain, 3)
-    assert _greedy_equal(RunResult("hello world and more", None, 5, 1.0), plain, 3)  # upstream overshoots n
-    assert not _greedy_equal(RunResult("hello there", None, 3, 1.0), plain, 3)
+    assert greedy_equal(RunResult("hello world", [1, 2, 3], 3, 1.0), plain, 3)
+    assert not greedy_equal(RunResult("hello world", [1, 2, 4], 3, 1.0), plain, 3)
+    assert greedy_equal(RunResult("hello world and more", None, 5, 1.0), plain, 3)  # upstream overshoots n
+    assert not greedy_equal(RunResult("hello there", None, 3, 1.0), plain, 3)
 
 
 def test_cost_model_prediction():
     r = EngineRunner(engine=None, k=3, drafter="d.gguf")
-    out = _predict(r, {"tau": 2.0}, {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, {"d.gguf": 0.1})
+    out = predict(r, {"tau": 2.0}, {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}, {"d.gguf": 0.1})
     assert out["predicted_speedup"] == pytest.approx(2.0 / (2.0 + 0.3), abs=1e-4)
     assert out["predicted_speedup_memory_bound"] == pytest.approx(2.0 / 1.3, abs=1e-4)
 
@@ -179,7 +182,6 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
     import numpy as np
 
     from edge_eagle.bench.prompts import BenchPrompt
-    from edge_eagle.bench.run import Bench, _divergences
 
     bench = Bench(BenchOptions(target=str(tiny_target), drafters=[str(tiny_drafters["eagle3"][0])], ks=[],
                                auto=False, upstream=False, prompt_lookup_k=None, n_ctx=512, max_tokens=16))
@@ -192,7 +194,7 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
         target = bench.engines[0].target
         by_tokens = RunResult(text="", tokens=wrong, generated=16, seconds=1.0)
         by_text = RunResult(text=target.detokenize(wrong), tokens=None, generated=16, seconds=1.0)
-        noise, div = _divergences(bench, [p], [ids], {"plain": [plain], "a": [by_tokens], "b": [by_text]})
+        noise, div = divergences(bench, [p], [ids], {"plain": [plain], "a": [by_tokens], "b": [by_text]})
         assert noise >= 0.0
         assert div["a"][0]["token"] == 5
         assert div["b"][0]["token"] <= 5  # text may differ from the start of the changed token's piece

@@ -3,8 +3,10 @@ always accepted; and the engine's "auto" mode stays lossless."""
 
 from __future__ import annotations
 
-from edge_eagle import EdgeEagle, OracleDrafter
-from edge_eagle.controller import AcceptanceModel, CostModel, KController
+from edge_eagle import EdgeEagle
+from tests.drafters import OracleDrafter
+from edge_eagle.controller import AcceptanceModel, KController
+from edge_eagle.costs import CostModel
 
 
 def _gpu_like_costs() -> CostModel:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_eagle import EdgeEagle, NgramDrafter, OracleDrafter
+from edge_eagle import EdgeEagle, NgramDrafter
+from tests.drafters import OracleDrafter
 from edge_eagle.errors import ContextOverflowError
 from edge_eagle.target import Target
 

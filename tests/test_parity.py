@@ -94,9 +94,9 @@ def test_trimmed_idle_drafter_matches_reference_on_its_window(tiny_target, tiny_
         drafter.ingest(res.features[10:], 10, seq[10:])
         drafter.trim(8)
         window = seq[-8:] + [nxt]
-        drafts, logits = drafter.propose_with_logits(seq + [nxt], 4)
+        proposal, logits = drafter.propose_with_logits(seq + [nxt], 4)
         ref_drafts, ref_logits = reference_chain(model, torch.from_numpy(res.features[-8:]), window, 4)
-        assert drafts == ref_drafts
+        assert list(proposal.tokens) == ref_drafts
         ref = ref_logits.numpy()
         finite = np.isfinite(ref)
         assert np.abs(np.stack(logits)[finite] - ref[finite]).max() <= ATOL

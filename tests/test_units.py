@@ -11,7 +11,10 @@ from scipy import stats as st
 from edge_eagle.drafter import NgramDrafter
 from edge_eagle.errors import ModelFileError
 from edge_eagle.gguf_file import read_gguf
+from edge_eagle.policy import DraftPolicy, Fixed
+from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
+from edge_eagle.verify import verify
 from edge_eagle.stats import SpecStats
 
 
@@ -76,9 +79,9 @@ def test_greedy_verify():
     for row, best in enumerate([3, 5, 7, 1]):
         logits[row, best] = 1.0
     s = Sampler(SamplingParams())
-    assert s.verify(logits, [3, 5, 7]) == (3, 1)
-    assert s.verify(logits, [3, 4, 7]) == (1, 5)
-    assert s.verify(logits[:1], []) == (0, 3)
+    assert verify(s, logits, Proposal.chain([3, 5, 7])) == (3, 1)
+    assert verify(s, logits, Proposal.chain([3, 4, 7])) == (1, 5)
+    assert verify(s, logits[:1], Proposal.chain([])) == (0, 3)
 
 
 def test_speculative_sampling_preserves_the_target_distribution():
@@ -92,7 +95,7 @@ def test_speculative_sampling_preserves_the_target_distribution():
     for draft in (int(np.argmax(p)), int(np.argsort(p)[-4])):
         counts = np.zeros(12)
         for _ in range(40_000):
-            n_acc, nxt = sampler.verify(logits, [draft])
+            n_acc, nxt = verify(sampler, logits, Proposal.chain([draft]))
             counts[draft if n_acc == 1 else nxt] += 1
         support = p > 0
         assert counts[~support].sum() == 0
@@ -112,7 +115,7 @@ def test_speculative_sampling_with_sampled_drafts_preserves_the_target_distribut
     n = 40_000
     for _ in range(n):
         d, q_used = sampler.draft(draft_logits)
-        n_acc, nxt = sampler.verify(logits, [d], [q_used])
+        n_acc, nxt = verify(sampler, logits, Proposal.chain([d], [q_used]))
         accepted += n_acc
         counts[d if n_acc == 1 else nxt] += 1
     assert st.chisquare(counts, p * n).pvalue > 1e-3
@@ -124,6 +127,30 @@ def test_speculative_sampling_with_sampled_drafts_preserves_the_target_distribut
 
 def test_ngram_drafter_copies_what_followed_the_last_match():
     d = NgramDrafter(max_ngram=3)
-    assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], 3) == [4, 5, 9]
-    assert d.propose([7, 8, 9], 3) == []
-    assert d.propose([5, 6, 5], 2) == [6, 5]
+    assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], 3).tokens == (4, 5, 9)
+    assert d.propose([7, 8, 9], 3).tokens == ()
+    assert d.propose([5, 6, 5], 2).tokens == (6, 5)
+
+
+# --- proposals and policies ----------------------------------------------------------------
+
+def test_a_chain_proposal_is_a_tree_of_single_children():
+    p = Proposal.chain([5, 6, 7])
+    assert p.parents == (-1, 0, 1) and p.depths == (1, 2, 3) and p.is_chain and len(p) == 3
+    assert p.truncated(2) == Proposal.chain([5, 6])
+    tree = Proposal((5, 6, 8, 9), (-1, 0, 0, 2))  # 5 -> {6, 8 -> 9}
+    assert tree.depths == (1, 2, 2, 3) and not tree.is_chain
+    with pytest.raises(ValueError):
+        Proposal((5, 6), (-1, 1))  # a node cannot be its own parent
+    with pytest.raises(ValueError):
+        Proposal.chain([5, 6], [np.ones(3)])  # one q per draft
+    with pytest.raises(ValueError, match="tree"):
+        verify(Sampler(SamplingParams()), np.zeros((5, 10), np.float32), tree)
+
+
+def test_fixed_policy():
+    assert isinstance(Fixed(3), DraftPolicy)
+    assert Fixed(3).choose() == 3 and Fixed(3).features_needed_soon()
+    assert Fixed(0).choose() == 0 and not Fixed(0).features_needed_soon()
+    with pytest.raises(ValueError):
+        Fixed(-1)

@@ -10,7 +10,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -21,6 +20,7 @@ from textual.widgets import Footer, Header, Input
 
 from edge_eagle import EdgeEagle, EdgeEagleError
 from edge_eagle.fsutil import atomic_write
+from edge_eagle.stats import SpecStats
 
 from .widgets import ChatMessage, StatsPanel
 
@@ -60,21 +60,23 @@ class EdgeEagleChat(App):
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
+    @dataclass
     class Loaded(Message):
-        def __init__(self, engine: EdgeEagle | None, error: str | None):
-            super().__init__()
-            self.engine, self.error = engine, error
+        engine: EdgeEagle | None
+        error: str | None
 
+    @dataclass
     class Tokens(Message):
-        def __init__(self, message: ChatMessage, pieces: list[tuple[str, str]], stats: dict[str, Any]):
-            super().__init__()
-            self.message, self.pieces, self.stats = message, pieces, stats
+        message: ChatMessage
+        pieces: list[tuple[str, str]]
+        stats: SpecStats  # a snapshot: the worker keeps counting into its own
 
+    @dataclass
     class Finished(Message):
-        def __init__(self, message: ChatMessage, stats: dict[str, Any] | None, reason: str | None,
-                     error: str | None = None):
-            super().__init__()
-            self.message, self.stats, self.reason, self.error = message, stats, reason, error
+        message: ChatMessage
+        stats: SpecStats | None
+        reason: str | None
+        error: str | None = None
 
     def __init__(self, options: ChatOptions | None = None, engine: EdgeEagle | None = None,
                  save_dir: str | os.PathLike[str] = "."):
@@ -166,16 +168,16 @@ class EdgeEagleChat(App):
             for tok in gen:
                 pieces.append((tok.text, tok.origin))
                 if time.monotonic() - last > 0.05:  # batch UI updates to ~20 per second
-                    self.post_message(self.Tokens(reply, pieces, gen.stats.to_dict()))
+                    self.post_message(self.Tokens(reply, pieces, gen.stats.snapshot()))
                     pieces, last = [], time.monotonic()
             if pieces:
-                self.post_message(self.Tokens(reply, pieces, gen.stats.to_dict()))
+                self.post_message(self.Tokens(reply, pieces, gen.stats.snapshot()))
             reason = gen.finish_reason or ""
             if gen.dropped_messages:
                 reason += f" · {gen.dropped_messages} oldest messages left out to fit the context window"
-            self.post_message(self.Finished(reply, gen.stats.to_dict(), reason))
+            self.post_message(self.Finished(reply, gen.stats.snapshot(), reason))
         except EdgeEagleError as e:
-            self.post_message(self.Finished(reply, gen.stats.to_dict(), None, str(e)))
+            self.post_message(self.Finished(reply, gen.stats.snapshot(), None, str(e)))
         finally:
             self.generation = None
 
@@ -192,13 +194,13 @@ class EdgeEagleChat(App):
             self.history.append({"role": "assistant", "content": event.message.text})
         if event.stats is not None:
             s = event.stats
-            self.speeds.append(s["tokens_per_second"])
+            self.speeds.append(s.tokens_per_second)
             mode = "speculative" if self.speculative else "plain"
-            event.message.set_footer(f"{mode} · {s['generated_tokens']} tokens · {s['tokens_per_second']:.1f} tok/s"
-                                     f" · tau {s['tau']:.2f} · {event.reason}")
+            event.message.set_footer(f"{mode} · {s.generated} tokens · {s.tokens_per_second:.1f} tok/s"
+                                     f" · tau {s.tau:.2f} · {event.reason}")
             self.query_one(StatsPanel).show_message(s)
         if self.engine is not None:
-            self.query_one(StatsPanel).show_session(self.engine.stats.to_dict(), self.speeds)
+            self.query_one(StatsPanel).show_session(self.engine.stats, self.speeds)
 
     # --- actions -------------------------------------------------------------------------
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Label, Markdown, Sparkline, Static
+
+from edge_eagle.stats import SpecStats
 
 DRAFT_STYLE = "bold #7ee787"  # accepted draft tokens
 
@@ -106,21 +106,21 @@ class StatsPanel(Vertical):
             f"speculation {mode}\nk {k}   temp {temperature:.2f}   p_min {p_min:.2f}")
 
     @staticmethod
-    def _figures(s: dict[str, Any]) -> str:
-        share = s.get("time_share", {})
-        return (f"tau [b]{s.get('tau', 0):.2f}[/]   {s.get('tokens_per_second', 0):.1f} tok/s   "
-                f"k now {s.get('k_last', 0)} (mean {s.get('k_mean', 0):.1f})\n"
-                f"accepted {s.get('accepted', 0)} / drafted {s.get('drafted', 0)}"
-                f" ({100 * s.get('acceptance_rate', 0):.0f}%)\n"
-                f"time: verify {100 * share.get('verify', 0):.0f}%  draft {100 * share.get('draft', 0):.0f}%"
-                f"  overhead {100 * share.get('overhead', 0):.0f}%")
+    def _figures(s: SpecStats) -> str:
+        total = s.t_total or 1.0
+        return (f"tau [b]{s.tau:.2f}[/]   {s.tokens_per_second:.1f} tok/s   "
+                f"k now {s.k_last} (mean {s.k_mean:.1f})\n"
+                f"accepted {s.accepted} / drafted {s.drafted}"
+                f" ({100 * s.acceptance_rate:.0f}%)\n"
+                f"time: verify {100 * s.t_verify / total:.0f}%  draft {100 * s.t_draft / total:.0f}%"
+                f"  overhead {100 * s.t_overhead / total:.0f}%")
 
-    def show_message(self, stats: dict[str, Any]) -> None:
+    def show_message(self, stats: SpecStats) -> None:
         self.query_one("#message", Static).update(self._figures(stats))
 
-    def show_session(self, stats: dict[str, Any], speeds: list[float]) -> None:
+    def show_session(self, stats: SpecStats, speeds: list[float]) -> None:
         self.query_one("#session", Static).update(self._figures(stats))
-        rates = stats.get("per_position_acceptance", [])
+        rates = stats.per_position_acceptance
         lines = [f"{i + 1:>2} {bar(r)} {100 * r:3.0f}%" for i, r in enumerate(rates)] or ["(no drafts yet)"]
         self.query_one("#bars", Static).update("\n".join(lines))
         self.query_one("#speed", Sparkline).data = list(speeds) or [0.0]

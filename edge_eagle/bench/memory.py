@@ -1,13 +1,39 @@
-"""Child process of `edge-eagle bench`'s memory phase: load one runner, run one prompt, exit.
-The parent reads this process's peak RSS from wait4().
-
-    python -m edge_eagle.bench.memory '{"kind": "plain", "target": ..., ...}'
+"""`edge-eagle bench`'s memory phase: each in-process runner alone in a child process
+(`python -m edge_eagle.bench.memory SPEC`) that loads it, runs one prompt and exits; the
+parent reads the child's peak RSS from wait4() (runners.run_measured).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import EdgeEagleError
+from .prompts import BenchPrompt
+from .runners import UpstreamRunner, run_measured
+
+if TYPE_CHECKING:
+    from .suite import Bench
+
+
+def memory_phase(bench: "Bench", prompt: BenchPrompt, progress: Callable[[int], object]) -> dict[str, int]:
+    """Peak RSS of each in-process runner alone (plain target; target + drafter; ...), each
+    measured in a fresh child process running one prompt."""
+    out: dict[str, int] = {}
+    o = bench.opts
+    for r in bench.runners:
+        if isinstance(r, UpstreamRunner):
+            continue
+        spec = {"kind": r.kind, "k": r.k, "drafter": getattr(r, "drafter", None), "target": bench.target_path,
+                "n_ctx": o.n_ctx, "threads": o.threads, "prompt": prompt.text, "max_tokens": o.max_tokens}
+        rc, _, err, rss = run_measured([sys.executable, "-m", "edge_eagle.bench.memory", json.dumps(spec)])
+        if rc != 0:
+            raise EdgeEagleError(f"measuring memory of {r.name} failed: {err.strip().splitlines()[-1:]}")
+        out[r.name] = rss
+        progress(1)
+    return out
+
 
 
 def main(argv: list[str]) -> int:

@@ -14,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from .._llama import llama_cpp_python_repack
 from ..errors import EdgeEagleError
+from ..stats import SpecStats
 from ..system import repack_for
 
 UPSTREAM_VERSION = "0.3.36"
@@ -31,14 +32,9 @@ class RunResult:
     tokens: list[int] | None  # generated ids (None: the runner only reports text)
     generated: int
     seconds: float  # decode wall time after the prompt
-    spec: bool = False  # speculation figures below are meaningful
-    verify_steps: int = 0
-    accepted: int = 0
-    drafted: int = 0
-    drafted_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
-    time_split: dict[str, float] | None = None  # seconds: verify, draft, overhead
-    k_mean: float | None = None
+    #: the counts (None: the runner has none); its t_* fields are meaningful iff `timed`
+    stats: SpecStats | None = None
+    timed: bool = False  # the runner split its time into verify / draft / overhead
     peak_rss: int | None = None  # bytes, for runners in their own process
 
     @property
@@ -76,10 +72,7 @@ class EngineRunner(Runner):
                                    k=self.k if self.k is not None else 0).result()
         s = gen.stats
         return RunResult(text=gen.text, tokens=list(gen.tokens), generated=s.generated, seconds=s.t_total,
-                         spec=self.k is not None, verify_steps=s.verify_steps, accepted=s.accepted,
-                         drafted=s.drafted, drafted_at=list(s.drafted_at), accepted_at=list(s.accepted_at),
-                         time_split={"verify": s.t_verify, "draft": s.t_draft, "overhead": s.t_overhead},
-                         k_mean=(sum(s.k_history) / len(s.k_history)) if s.k_history else 0.0)
+                         stats=s, timed=True)
 
 
 class _RecordingDraft:
@@ -95,12 +88,10 @@ class _RecordingDraft:
         return draft
 
 
-def acceptance_from_calls(calls: Sequence[tuple[int, Sequence[int]]], seq: Sequence[int]) -> dict:
+def acceptance_from_calls(calls: Sequence[tuple[int, Sequence[int]]], seq: Sequence[int]) -> SpecStats:
     """Per-step acceptance of recorded greedy proposals against the sequence that resulted:
     draft i of a call at context length L is accepted iff drafts 0..i equal seq[L:L+i+1]."""
-    steps = accepted = drafted = 0
-    drafted_at: list[int] = []
-    accepted_at: list[int] = []
+    stats = SpecStats()
     for length, draft in calls:
         if length >= len(seq):
             continue  # proposed after the last token we kept: never verified
@@ -108,17 +99,8 @@ def acceptance_from_calls(calls: Sequence[tuple[int, Sequence[int]]], seq: Seque
         n_acc = 0
         while n_acc < len(draft) and draft[n_acc] == seq[length + n_acc]:
             n_acc += 1
-        steps += 1
-        drafted += len(draft)
-        accepted += n_acc
-        while len(drafted_at) < len(draft):
-            drafted_at.append(0)
-            accepted_at.append(0)
-        for i in range(len(draft)):
-            drafted_at[i] += 1
-            accepted_at[i] += i < n_acc
-    return dict(verify_steps=steps, accepted=accepted, drafted=drafted, drafted_at=drafted_at,
-                accepted_at=accepted_at)
+        stats.record_step(len(draft), n_acc)
+    return stats
 
 
 class PromptLookupRunner(Runner):
@@ -157,10 +139,10 @@ class PromptLookupRunner(Runner):
                 break
         seconds = time.perf_counter() - t_first if out else 0.0
         seq = list(tokens) + out
-        acc = acceptance_from_calls(self.draft.calls, seq)
         text = self.llm.detokenize(out).decode("utf-8", errors="replace")
         # the first token comes from the prompt pass; decode throughput counts the rest
-        return RunResult(text=text, tokens=out, generated=max(0, len(out) - 1), seconds=seconds, spec=True, **acc)
+        return RunResult(text=text, tokens=out, generated=max(0, len(out) - 1), seconds=seconds,
+                         stats=acceptance_from_calls(self.draft.calls, seq))
 
     def close(self) -> None:
         self.llm.close()
@@ -237,14 +219,14 @@ class UpstreamRunner(Runner):
         rates = [float(x) for x in pos.group(1).split(",") if x.strip()] if pos else []
         # upstream's per-position rates are per accept call; with p_min 0 every call drafts k
         accepted_at = [round(r * n_calls) for r in rates]
+        stats = SpecStats(verify_steps=steps, accepted=nums["n_accept"], drafted=nums["n_drafted"],
+                          drafted_at=[n_calls] * len(accepted_at), accepted_at=accepted_at, generated=generated)
         text = out
         if self.prompt_echo is not None:
             echo = "\n\n" + self.prompt_echo(tokens)
             text = out[len(echo):] if out.startswith(echo) else out
         text = text[:-2] if text.endswith("\n\n") else text
-        return RunResult(text=text, tokens=None, generated=generated, seconds=seconds, spec=True,
-                         verify_steps=steps, accepted=nums["n_accept"], drafted=nums["n_drafted"],
-                         drafted_at=[n_calls] * len(accepted_at), accepted_at=accepted_at, peak_rss=rss)
+        return RunResult(text=text, tokens=None, generated=generated, seconds=seconds, stats=stats, peak_rss=rss)
 
 
 # Peak RSS of a child: ru_maxrss survives fork and exec, so a child of this (large) process

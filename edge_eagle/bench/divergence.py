@@ -1,0 +1,82 @@
+"""Is greedy speculation exact? Where an output differs from plain decoding, locate the first
+differing token and measure the target's top-2 logit gap there against llama.cpp's own
+batch-shape noise: a divergence at a near-tie is rounding, one at a clear winner a bug."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .prompts import BenchPrompt
+from .runners import RunResult
+from .suite import Bench
+
+
+def greedy_equal(r: RunResult, plain: RunResult, n: int) -> bool:
+    if r.tokens is not None and plain.tokens is not None:
+        return r.tokens[:n] == plain.tokens[:n]
+    text, ref = r.text, plain.text
+    if len(text) >= len(ref):
+        return text.startswith(ref)
+    return ref.startswith(text)  # stopped early (end of generation)
+
+
+def numeric_noise(target, prompt: list[int], continuation: list[int]) -> float:
+    """How far llama.cpp's own logits move with the batch shape alone: the largest logit
+    difference between decoding `continuation` one token at a time and two at a time after
+    the same prompt (same model, same context; on CPU, kernels and thread splits change with
+    the batch and context length). A divergence from plain decoding where the top-2 gap is
+    within this is rounding, not a fault of the speculative loop."""
+    runs = []
+    for bs in (1, 2):
+        target.memory.clear()
+        target.set_capture(())
+        target.prefill(prompt)
+        rows = []
+        for i in range(0, len(continuation), bs):
+            chunk = continuation[i:i + bs]
+            rows.append(np.asarray(target.decode(chunk, len(prompt) + i, "all").logits, dtype=np.float64))
+        runs.append(np.concatenate(rows))
+    target.memory.clear()
+    n = min(len(runs[0]), len(runs[1]))
+    return float(np.abs(runs[0][:n] - runs[1][:n]).max()) if n else 0.0
+
+
+def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[int]],
+                 results: dict[str, list[RunResult]]) -> tuple[float, dict[str, list[dict[str, Any]]]]:
+    """For every output that differs from plain decoding: where it first differs, and the gap
+    between the target's top two logits there on plain decoding's own prefix. Greedy
+    speculation is exact up to floating point: llama.cpp's kernels round differently for
+    different batch shapes, which can flip a near-tie; a divergence at a clear winner is a bug."""
+    target = bench.engines[0].target
+    plain = results["plain"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    longest = max(range(len(prompts)), key=lambda i: len(prompt_ids[i]))
+    noise = round(numeric_noise(target, prompt_ids[longest], (plain[longest].tokens or [])[:24]), 4)
+    for name, rs in results.items():
+        for i, (x, p) in enumerate(zip(rs, plain)):
+            if name == "plain" or greedy_equal(x, p, bench.opts.max_tokens):
+                continue
+            ref = p.tokens or []
+            if x.tokens is not None:
+                j = next((n for n, (a, b) in enumerate(zip(x.tokens, ref)) if a != b), min(len(x.tokens), len(ref)))
+            else:  # text only: the plain token whose text holds the first differing character
+                c = next((n for n, (a, b) in enumerate(zip(x.text, p.text)) if a != b), min(len(x.text), len(p.text)))
+                j, length = 0, 0
+                while j < len(ref):
+                    piece = len(target.detokenize([ref[j]]))
+                    if length + piece > c:
+                        break
+                    length += piece
+                    j += 1
+            if j >= len(ref):
+                continue
+            target.memory.clear()
+            target.set_capture(())
+            logits = np.asarray(target.prefill(prompt_ids[i] + ref[:j]).logits[-1], dtype=np.float64)
+            top2 = np.sort(logits)[-2:]
+            out.setdefault(name, []).append({"prompt": prompts[i].id, "token": j,
+                                             "top2_gap": round(float(top2[1] - top2[0]), 4)})
+    target.memory.clear()
+    return noise, out

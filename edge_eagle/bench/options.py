@@ -1,0 +1,31 @@
+"""What `edge-eagle bench` runs: its options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class BenchOptions:
+    prompts: str = "mtbench"
+    limit: int | None = None
+    every: int = 1
+    max_tokens: int = 96
+    target: str | None = None  # None: the embedded default target
+    drafters: list[str] = field(default_factory=lambda: ["default"])
+    ks: list[int] = field(default_factory=lambda: [3])
+    auto: bool = True
+    upstream: bool = True  # the C++ loop, when its binary is built (or build_upstream)
+    build_upstream: bool = False
+    prompt_lookup_k: int | None = 3  # None: no prompt-lookup runner
+    draft_model: str | None = None  # a classic small draft GGUF for the target (upstream draft-simple)
+    draft_model_k: int = 3
+    n_ctx: int = 2048
+    threads: int | None = None
+    memory: bool = True  # measure each runner's peak RSS in a child process
+    warmup: bool = True
+
+
+def label(path: str) -> str:
+    return "default" if path == "default" else Path(path).name.removesuffix(".gguf")

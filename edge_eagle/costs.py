@@ -1,0 +1,108 @@
+"""The cost model, in one place: what a speculative cycle costs and what it is predicted to gain.
+
+Units are one single-token target decode. c(n) is the target's cost of a batch of n tokens
+relative to one token, d the drafter's cost per drafted token. A cycle drafting k tokens costs
+c(k+1) + k d and yields E(k) tokens (the accepted drafts and the bonus), so
+
+    speedup(k) = E(k) / (c(k+1) + k d)
+
+Measured here: c(n) from timed target decodes (measure_batch_costs); d from drafting time per
+drafted token. On memory-bound hardware (consumer GPUs, Apple Silicon) a batch of up to
+MEMORY_BOUND_MAX_N tokens costs about one: c(n) = 1 there. Plain numbers in, numbers out; the
+k controller (controller.py) and `edge-eagle bench` both use these.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Mapping
+
+MEMORY_BOUND_MAX_N = 8  # the projection: a batch of up to 8 tokens costs one step
+DEFAULT_D = 0.2  # drafter step cost assumed before any is measured
+
+
+def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
+    """c(n) from seconds per batch size: measured sizes as they are, others extrapolated
+    linearly from the largest smaller measured size; never below a smaller batch's cost,
+    so timing noise cannot make a longer draft look free. Without a 1-token time: n
+    (the pessimistic, compute-bound assumption)."""
+    one = verify_s.get(1)
+    if not one:
+        return float(n)
+    best = 1.0
+    for m in range(2, n + 1):
+        if m in verify_s:
+            best = max(best, verify_s[m] / one)
+        else:
+            known = max(x for x in verify_s if x < m)
+            best = max(best, verify_s[known] / one * m / known)
+    return best
+
+
+def memory_bound_cost(n: int) -> float | None:
+    """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (None beyond)."""
+    return 1.0 if n <= MEMORY_BOUND_MAX_N else None
+
+
+def cycle_cost(c_k1: float, k: int, d: float) -> float:
+    """C(k) = c(k+1) + k d."""
+    return c_k1 + k * d
+
+
+def predicted_speedup(expected_tokens: float, k: int, c_k1: float, d: float) -> float:
+    """E(k) / (c(k+1) + k d); k = 0 is plain decoding (1.0)."""
+    return expected_tokens / cycle_cost(c_k1, k, d) if k else 1.0
+
+
+@dataclass
+class CostModel:
+    """Seconds per target decode of n tokens and per drafter step, tracked as EMAs."""
+
+    alpha: float = 0.1
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_step_s: float | None = None
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        old = self.verify_s.get(n)
+        self.verify_s[n] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def observe_draft(self, steps: int, seconds: float) -> None:
+        if steps <= 0:
+            return
+        per = seconds / steps
+        old = self.draft_step_s
+        self.draft_step_s = per if old is None else old + self.alpha * (per - old)
+
+    def c(self, n: int) -> float:
+        return relative_cost(self.verify_s, n)
+
+    def d(self) -> float:
+        one = self.verify_s.get(1)
+        if not one or self.draft_step_s is None:
+            return DEFAULT_D
+        return self.draft_step_s / one
+
+    def cost(self, k: int) -> float:
+        return cycle_cost(self.c(k + 1), k, self.d())
+
+
+def measure_batch_costs(target: Any, n_max: int, reps: int = 3) -> dict[int, float]:
+    """Median seconds of one target decode of n tokens, n = 1..n_max, after an 8-token context."""
+    target.set_capture(())
+    pad = target.eos if target.eos >= 0 else 0
+    target.memory.clear()
+    target.decode([pad] * n_max, 0, "all")  # warm-up: first calls allocate
+    out: dict[int, float] = {}
+    for n in range(1, n_max + 1):
+        times = []
+        for _ in range(reps):
+            target.memory.clear()
+            target.decode([pad] * 8, 0, "last")  # some context
+            t0 = perf_counter()
+            target.decode([pad] * n, 8, "all")
+            times.append(perf_counter() - t0)
+        out[n] = statistics.median(times)
+    target.memory.clear()
+    return out

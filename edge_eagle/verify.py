@@ -1,0 +1,48 @@
+"""Verification: the target's logits for a Proposal -> how many drafts it keeps, and the next token.
+
+Greedy: accept drafts while they equal the target's argmax; the first mismatch (or the row
+after the last draft) gives the bonus token.
+
+Sampling (temperature > 0) is speculative sampling: a draft d proposed with probability q(d)
+is accepted with probability min(1, p(d)/q(d)); on rejection the token is drawn from the
+residual max(p - q, 0), renormalised. The emitted tokens follow the target distribution p
+exactly. For a deterministic draft (proposal.q is None) q is a point mass on d, so d is
+accepted with probability p(d) and the residual is p without d.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .proposal import Proposal
+from .sampling import Sampler
+
+
+def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[int, int]:
+    """logits [len(proposal)+1, V] of the verify batch (the last committed token, then each
+    draft) -> (drafts accepted, next token)."""
+    if not proposal.is_chain:
+        raise ValueError("verify() takes a chain of drafts; tree proposals need tree verification")
+    drafts = proposal.tokens
+    if sampler.params.greedy:
+        best = np.argmax(logits[: len(drafts) + 1], axis=1)
+        n = 0
+        while n < len(drafts) and best[n] == drafts[n]:
+            n += 1
+        return n, int(best[n])
+    q = proposal.q
+    for i, d in enumerate(drafts):
+        p = sampler.probs(logits[i])
+        q_d = 1.0 if q is None else float(q[i][d])
+        if sampler.rng.random() * q_d < p[d]:  # accept with min(1, p(d) / q(d))
+            continue
+        if q is None:
+            residual = p.copy()
+            residual[d] = 0.0
+        else:
+            residual = np.maximum(p - q[i], 0.0)
+        total = residual.sum()
+        if total <= 0.0:  # p == q: a rejection cannot happen; guard against rounding
+            return i, int(d)
+        return i, int(sampler.rng.choice(len(residual), p=residual / total))
+    return len(drafts), sampler.sample(logits[len(drafts)])
