@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from edge_eagle import gguf_keys as K
+from edge_eagle import tensors as T
 from edge_eagle.errors import EdgeEagleError, ModelFileError
 from edge_eagle.gguf_file import GGUFFile, read_gguf
 
@@ -29,12 +30,6 @@ from .sources import Checkpoint, load_checkpoint
 # --verify accepts per outtype. Measured on the EAGLE-3.1 test fixture: f32 4.9e-4, f16 1.3e-3,
 # bf16 6.6e-3, q8_0 2.1e-2.
 TOLERANCE = {"f32": 2e-3, "f16": 1e-2, "bf16": 5e-2, "q8_0": 5e-2}
-
-_REQUIRED = ["fc.weight", "norm.weight", "lm_head.weight"] + [f"midlayer.{n}.weight" for n in (
-    "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-    "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-_OPTIONAL = ["embed_tokens.weight", "d2t", "input_norm.weight"] + [f"fc_norm.{i}.weight" for i in range(3)]
-
 
 @dataclass
 class ConvertReport:
@@ -179,31 +174,14 @@ def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.n
         has_embedding="embed_tokens.weight" in tensors, rope_freq_factors=factors)
 
 
-def expected_shapes(c) -> dict[str, tuple[int, ...]]:
-    h, ht, hd = c.hidden_size, c.target_hidden_size, c.head_dim
-    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
-    shapes = {
-        "fc.weight": (h, 3 * ht), "norm.weight": (h,), "lm_head.weight": (c.draft_vocab_size, h),
-        "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
-        "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * h), "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * h), "midlayer.self_attn.o_proj.weight": (h, q),
-        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, h), "midlayer.mlp.up_proj.weight": (c.intermediate_size, h),
-        "midlayer.mlp.down_proj.weight": (h, c.intermediate_size),
-        "embed_tokens.weight": (c.vocab_size, h), "d2t": (c.draft_vocab_size,), "input_norm.weight": (3 * ht,),
-    }
-    shapes.update({f"fc_norm.{i}.weight": (ht,) for i in range(3)})
-    return shapes
-
-
 def canonical_tensors(ckpt: Checkpoint, layout: L.Layout) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for name, value in ckpt.tensors.items():
         if name in L.IGNORED_TENSORS:
             continue
         out[L.rename(layout, name)] = value
-    missing = [n for n in _REQUIRED if n not in out]
-    unexpected = sorted(set(out) - set(_REQUIRED) - set(_OPTIONAL))
+    missing = [n for n in T.REQUIRED if n not in out]
+    unexpected = sorted(set(out) - set(T.BY_REF))
     if missing:
         raise _err(f"The checkpoint lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} for the "
                    f"{layout.name} layout; check --format or re-export the checkpoint.")
@@ -253,7 +231,7 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
     tensors = canonical_tensors(ckpt, layout)
     cfg = build_config(ckpt, layout, tensors, tgt, notes, norm_output)
     for name, value in tensors.items():
-        want = expected_shapes(cfg)[name]
+        want = T.expected_shapes(cfg)[name]
         if tuple(value.shape) != want:
             raise _err(f"Tensor {name} has shape {list(value.shape)} but this drafter on {tgt.path.name} needs "
                        f"{list(want)}; pass the target the drafter was made for.")

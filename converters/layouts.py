@@ -1,6 +1,6 @@
 """Checkpoint layouts as data (NOTES §3): how to recognise each, how its tensor names map
-to the reference names (converters.gguf_out.TENSOR_TABLE keys), where its config keeps
-the architecture, and which layer-id convention it uses.
+to the reference names (edge_eagle.tensors.DRAFTER_TENSORS) and back, where its config
+keeps the architecture, and which layer-id convention it uses.
 
 A new layout is a new Layout row, not a new branch in the converter.
 """
@@ -27,6 +27,7 @@ class Layout:
     # output-of-layer ids (= layer-input ids - 1), False for layer-input (HF hidden_states) ids
     ids_key_paths: tuple[tuple[tuple[str, ...], bool], ...] = ((_IDS, False),)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    kept: tuple[str, ...] = ()  # names this layout publishes unrenamed although a rename would match
 
 
 _MIDLAYER = (("midlayer.", "midlayer."),)
@@ -35,7 +36,8 @@ _IDS_SPECFORGE = (("eagle_config",) + _IDS, True)
 # Detection tries these in order; the first whose marks all match wins.
 LAYOUTS: tuple[Layout, ...] = (
     Layout("nemo", "NeMo / Model-Optimizer export (model.layers.0.*)", "model.layers.0.",
-           (("model.layers.0.", "midlayer."), ("model.fc_norm.", "fc_norm."), ("model.", ""))),
+           (("model.layers.0.", "midlayer."), ("model.fc_norm.", "fc_norm."), ("model.", "")),
+           kept=("lm_head.weight", "d2t", "t2d")),
     Layout("speculators", "vLLM speculators Eagle3Speculator (layers.0.*)", "layers.0.",
            (("layers.0.", "midlayer."),), arch_config="transformer_layer_config",
            ids_key_paths=((_IDS, False), (("speculators_config",) + _IDS, False)),
@@ -85,4 +87,14 @@ def rename(layout: Layout, name: str) -> str:
     for src, dst in layout.renames:
         if name.startswith(src):
             return dst + name[len(src):]
+    return name
+
+
+def to_layout(layout: Layout, name: str) -> str:
+    """The name `layout` publishes a reference-named tensor under: rename's inverse."""
+    if name in layout.kept:
+        return name
+    for src, dst in layout.renames:
+        if name.startswith(dst):
+            return src + name[len(dst):]
     return name

@@ -19,7 +19,6 @@ from .errors import MissingSymbolError
 REQUIRED_VERSION = "0.3.36"
 
 _ctx_p = C.llama_context_p_ctypes
-_model_p = C.llama_model_p_ctypes
 
 
 def _resolve(lib: Any, names: Iterable[str], argtypes: list[Any], restype: Any) -> Callable[..., Any]:
@@ -73,34 +72,6 @@ llama_get_embeddings_nextn_ith = _lazy(
     ("llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
      "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z"),
     [_ctx_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float))
-
-llama_model_target_layer_ids = _lazy(
-    ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
-     "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"),
-    [_model_p], ctypes.POINTER(ctypes.c_int32))
-
-llama_model_target_layer_ids_n = _lazy(
-    ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
-     "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"),
-    [_model_p], ctypes.c_uint32)
-
-llama_get_ctx_other = _lazy(
-    ("llama_get_ctx_other", "_Z19llama_get_ctx_otherP13llama_context",
-     "?llama_get_ctx_other@@YAPEAUllama_context@@PEAU1@@Z"),
-    [_ctx_p], _ctx_p)
-
-STAGING_SYMBOLS = (
-    llama_set_embeddings_layer_inp, llama_get_embeddings_layer_inp, llama_set_embeddings_nextn,
-    llama_get_embeddings_nextn, llama_get_embeddings_nextn_ith, llama_model_target_layer_ids,
-    llama_model_target_layer_ids_n, llama_get_ctx_other,
-)
-
-
-def check_symbols() -> None:
-    """Raise MissingSymbolError unless every staging symbol resolves."""
-    for fn in STAGING_SYMBOLS:
-        fn.resolve()
-
 
 # --- ggml, for the eval-callback capture path -------------------------------------------
 

@@ -18,20 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
 
 from . import gguf_keys as K
 from .errors import ModelFileError
 
 _MAGIC = b"GGUF"
 _SCALARS = {  # gguf value type -> struct format
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
+    V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d",
 }
 _NP_SCALARS = {
-    0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-    7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64,
+    V.UINT8: np.uint8, V.INT8: np.int8, V.UINT16: np.uint16, V.INT16: np.int16, V.UINT32: np.uint32,
+    V.INT32: np.int32, V.FLOAT32: np.float32, V.BOOL: np.bool_, V.UINT64: np.uint64, V.INT64: np.int64,
+    V.FLOAT64: np.float64,
 }
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY = V.STRING, V.ARRAY
 _MAX_STRING_ARRAY = 4096  # longer string arrays stay as byte ranges
 _MAX_DIMS = 4
 
@@ -232,7 +234,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
             ttype, offset = cur.unpack("<I"), cur.unpack("<Q")
             infos.append((name, shape, ttype, offset))
-        alignment = int(meta.get("general.alignment", 32))
+        alignment = int(meta.get(K.ALIGNMENT, 32))
         if alignment <= 0 or alignment & (alignment - 1):
             raise cur.fail(f"alignment {alignment}")
         data_start = (cur.pos + alignment - 1) // alignment * alignment

@@ -1,28 +1,33 @@
 """GGUF metadata keys and tensor names, in one place.
 
-Upstream keys are those llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36) reads
-for arch ``eagle3``. The ``edge_eagle.*`` keys are ours: upstream ignores them, so a
-file that carries them still loads there (with EAGLE-3 semantics, see README).
+The standard keys are gguf-py's (`gguf.Keys`). The eagle3 keys are those llama.cpp
+0c1e57098 (vendored by llama-cpp-python 0.3.36) reads for arch ``eagle3``; gguf-py 0.19 on
+PyPI does not name them yet. The ``edge_eagle.*`` keys are ours: upstream ignores them, so
+a file that carries them still loads there (with EAGLE-3 semantics, see README). The
+drafter's tensors are tabled in tensors.py.
 """
 
 from __future__ import annotations
 
-ARCH = "general.architecture"
+from gguf import Keys
+
+ARCH = Keys.General.ARCHITECTURE
+ALIGNMENT = Keys.General.ALIGNMENT
 EAGLE3 = "eagle3"
 
 # Per-arch keys; format with arch=...
-BLOCK_COUNT = "{arch}.block_count"
-EMBEDDING_LENGTH = "{arch}.embedding_length"
-FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
-CONTEXT_LENGTH = "{arch}.context_length"
-HEAD_COUNT = "{arch}.attention.head_count"
-HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
-KEY_LENGTH = "{arch}.attention.key_length"
-VALUE_LENGTH = "{arch}.attention.value_length"
-RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
-ROPE_FREQ_BASE = "{arch}.rope.freq_base"
-ROPE_DIM = "{arch}.rope.dimension_count"
-VOCAB_SIZE = "{arch}.vocab_size"
+BLOCK_COUNT = Keys.LLM.BLOCK_COUNT
+EMBEDDING_LENGTH = Keys.LLM.EMBEDDING_LENGTH
+FEED_FORWARD_LENGTH = Keys.LLM.FEED_FORWARD_LENGTH
+CONTEXT_LENGTH = Keys.LLM.CONTEXT_LENGTH
+HEAD_COUNT = Keys.Attention.HEAD_COUNT
+HEAD_COUNT_KV = Keys.Attention.HEAD_COUNT_KV
+KEY_LENGTH = Keys.Attention.KEY_LENGTH
+VALUE_LENGTH = Keys.Attention.VALUE_LENGTH
+RMS_EPS = Keys.Attention.LAYERNORM_RMS_EPS
+ROPE_FREQ_BASE = Keys.Rope.FREQ_BASE
+ROPE_DIM = Keys.Rope.DIMENSION_COUNT
+VOCAB_SIZE = Keys.LLM.VOCAB_SIZE
 
 # eagle3 (upstream)
 TARGET_LAYERS = "eagle3.target_layers"
@@ -41,8 +46,8 @@ CONVERTER_VERSION = "edge_eagle.converter_version"
 TARGET_VOCAB_FINGERPRINT = "edge_eagle.target_vocab_fingerprint"
 
 TOKENIZER_PREFIX = "tokenizer."
-TOKENS = "tokenizer.ggml.tokens"
-CHAT_TEMPLATE = "tokenizer.chat_template"
+TOKENS = Keys.Tokenizer.LIST
+CHAT_TEMPLATE = Keys.Tokenizer.CHAT_TEMPLATE
 
 # eagle3 tensor names (upstream llama.cpp, src/models/eagle3.cpp)
 T_FC = "fc.weight"

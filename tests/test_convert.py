@@ -293,3 +293,17 @@ def test_unknown_revision_in_the_offline_cache_is_a_clear_error(tmp_path, checkp
     _offline_hub_cache(tmp_path, checkpoints["specforge"], monkeypatch)
     with pytest.raises(EdgeEagleError, match="HF_HUB_OFFLINE|revision"):
         convert("someone/tiny-eagle3", tiny_target, tmp_path / "x.gguf", revision="f" * 40, **quiet)
+
+
+def test_every_layout_round_trips_the_tensor_table():
+    """One table names the drafter's tensors; each layout's reader (rename) inverts its writer
+    (to_layout), for every tensor the table knows."""
+    from converters.layouts import BY_NAME, LAYOUTS, detect, rename, to_layout
+    from edge_eagle.tensors import BY_REF, REQUIRED
+
+    for layout in LAYOUTS:
+        for name in [*BY_REF, "t2d"]:
+            assert rename(layout, to_layout(layout, name)) == name, (layout.name, name)
+    speculators = BY_NAME["speculators"]
+    published = {to_layout(speculators, n) for n in REQUIRED}  # as the trainer writes it
+    assert detect(published, {}) is speculators

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from gguf import GGUFWriter
 
-from converters.gguf_out import copy_tokenizer, reference_weights, write_eagle3
+from converters.gguf_out import copy_tokenizer, write_eagle3
+from converters.layouts import BY_NAME, to_layout
 from edge_eagle import defaults
 from edge_eagle.gguf_file import GGUFFile, read_gguf
 from edge_eagle.reference import Eagle3Config, Eagle3Reference, random_reference
@@ -107,15 +108,10 @@ LAYOUT_FLAGS = {  # Eagle3Config flags each layout's fixture exercises
 }
 
 
-def _layout_name(layout: str, name: str) -> str:
-    if layout == "speculators" and name.startswith("midlayer."):
-        return "layers.0." + name[len("midlayer."):]
-    if layout == "nemo":
-        if name.startswith("midlayer."):
-            return "model.layers.0." + name[len("midlayer."):]
-        if name not in ("lm_head.weight", "d2t", "t2d"):
-            return "model." + name
-    return name
+def reference_weights(model) -> dict[str, np.ndarray]:
+    """A reference model's state dict as numpy, in the reference names of edge_eagle.tensors."""
+    return {k: v.detach().cpu().float().numpy() if v.is_floating_point() else v.detach().cpu().numpy()
+            for k, v in model.state_dict().items()}
 
 
 def write_checkpoint(directory: Path, layout: str, model: Eagle3Reference, *, weights: str = "safetensors",
@@ -133,7 +129,7 @@ def write_checkpoint(directory: Path, layout: str, model: Eagle3Reference, *, we
     t2d = np.zeros(c.vocab_size, dtype=bool)
     t2d[d2t_abs] = True
     sd["t2d"] = t2d
-    tensors = {_layout_name(layout, k): v for k, v in sd.items()}
+    tensors = {to_layout(BY_NAME[layout], k): v for k, v in sd.items()}
     arch = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
             "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "num_hidden_layers": 1,

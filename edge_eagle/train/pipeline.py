@@ -18,6 +18,7 @@ from ..errors import EdgeEagleError
 from ..fsutil import atomic_path, atomic_write
 from ..gguf_file import GGUFFile, read_gguf
 from ..reference import Eagle3Config, Eagle3Reference
+from ..tensors import BY_REF
 from .extract import MANIFEST
 from .ttt import FeatureData, ttt_loss
 
@@ -79,10 +80,15 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: d
     c = model.cfg
     out.mkdir(parents=True, exist_ok=True)
     state = {}
+    from converters.layouts import BY_NAME, to_layout
+
+    layout = BY_NAME["speculators"]  # the converter reads this back with the same table
     for name, value in model.state_dict().items():
         if name == "d2t":
             continue
-        state["layers.0." + name[len("midlayer."):] if name.startswith("midlayer.") else name] = value.contiguous()
+        if name not in BY_REF:
+            raise RuntimeError(f"the drafter has a tensor {name} that edge_eagle.tensors does not name")
+        state[to_layout(layout, name)] = value.contiguous()
     d2t = model.d2t.clone()
     state["d2t"] = d2t - torch.arange(len(d2t))
     t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
