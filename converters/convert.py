@@ -1,6 +1,6 @@
 """`edge-eagle convert`: an EAGLE-3 / EAGLE-3.1 checkpoint plus a target GGUF -> an eagle3 GGUF.
 
-    from converters import convert
+    from edge_eagle.converters import convert
     report = convert("path/or/owner-repo", "target.gguf", "drafter.gguf", outtype="f16", verify=True)
 
 Everything the target must agree with (hidden size, layer count, vocabulary) is checked

@@ -132,7 +132,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from converters import convert
+    from edge_eagle.converters import convert
 
     norm_output = None if args.norm_output is None else args.norm_output == "true"
     report = convert(args.src, args.target, args.output, outtype=args.outtype, fmt=args.format,
@@ -156,44 +156,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .target import Target
-    from .train import TrainOptions, train
-    from .train.data import conversations
-    from .train.extract import extract
+    from .train import TrainOptions, train_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    target = Target(args.target, n_ctx=args.max_prompt + args.max_new + 8)
-    n = target.n_layer
-    layers = tuple(args.layers) if args.layers else (2, n // 2, n - 3)
-    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
-    features = Path(args.features) if args.features else out / "features"
-    manifest = extract(target, layers, conversations(args.data), features, max_tokens=args.max_tokens,
-                       regenerate=args.regenerate, max_prompt=args.max_prompt, max_new=args.max_new,
-                       progress=not args.json)
-    target.close()
-    log(f"features: {manifest['tokens']} tokens from {manifest['conversations_seen']} conversations")
-    if args.steps == 0:  # extraction only
-        if args.json:
-            print(json.dumps({"features": str(features), "tokens": manifest["tokens"]}))
-        return 0
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
                         seed=args.seed)
-    summary = train(features, Path(args.target), out / "checkpoint", opts, progress=not args.json)
-    log(f"checkpoint: {out / 'checkpoint'} (speculators layout), final loss {summary['final_loss']:.3f}")
-    if args.gguf:
-        from converters import convert
-
-        convert(out / "checkpoint", args.target, args.gguf, outtype=args.outtype, log=log)
+    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
+    summary = train_drafter(args.target, args.data, Path(args.out), opts,
+                            features=Path(args.features) if args.features else None, layers=args.layers,
+                            max_tokens=args.max_tokens, regenerate=args.regenerate, max_prompt=args.max_prompt,
+                            max_new=args.max_new, gguf=args.gguf, outtype=args.outtype, progress=not args.json,
+                            log=log)
     if args.json:
         print(json.dumps(summary))
     return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from tui.app import ChatOptions, run
+    from edge_eagle.tui.app import ChatOptions, run
 
     return run(ChatOptions(target=args.target, drafter=args.drafter, k=args.k, temperature=args.temp,
                            p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers))

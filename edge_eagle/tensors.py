@@ -6,7 +6,7 @@ weights do, since upstream llama.cpp refuses unknown tensors), the shape a confi
 whether every checkpoint has it, whether the GGUF writer may quantize it, and the transform
 from the reference layout to llama.cpp's. The converter (which tensors a checkpoint must and
 may have, and their shapes), the GGUF writer (names, transforms, quantization) and the
-trainer's speculators writer (through converters.layouts) all read this table.
+trainer's speculators writer (through edge_eagle.converters.layouts) all read this table.
 """
 
 from __future__ import annotations

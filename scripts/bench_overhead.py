@@ -7,8 +7,8 @@ EAGLE-3.1 host norms, bookkeeping).
 
 It times every llama_decode / llama_process call (the native compute) and the whole
 generation loop (SpecStats.t_total, which excludes the consumer); overhead share =
-1 - native / loop. Without --drafter it writes a random SmolLM2-sized EAGLE-3.1 drafter
-(all drafts get rejected, so every cycle runs the full k-step chain). Prompts run
+1 - native / loop. Without --drafter it writes an untrained SmolLM2-sized EAGLE-3.1 drafter
+(the trainer's initialisation; p_min 0, so every cycle runs the full k-step chain). Prompts run
 interleaved over rounds; medians and spread are reported.
 """
 
@@ -50,17 +50,26 @@ def _timed(fn):
 
 
 def random_drafter(out_dir: Path) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.tiny_models import make_drafter
+    """An untrained SmolLM2-sized EAGLE-3.1 drafter: the trainer's initialisation, converted."""
+    import numpy as np
 
-    path, _ = make_drafter(out_dir / "random-eagle31.gguf", default_target(), seed=11, draft_vocab=8192,
-                           fc_norm=True, norm_output=True)
-    return path
+    from edge_eagle.converters import convert
+    from edge_eagle.gguf_file import read_gguf
+    from edge_eagle.train import TrainOptions, save_checkpoint
+    from edge_eagle.train.pipeline import init_model
+
+    target = read_gguf(default_target())
+    n = int(target.get("{arch}.block_count"))
+    model = init_model(target, (2, n // 2, n - 3), np.arange(8192, dtype=np.int64),
+                       TrainOptions(draft_vocab=8192, seed=11))
+    save_checkpoint(model, out_dir / "ckpt", Path(default_target()).name, {})
+    return convert(out_dir / "ckpt", default_target(), out_dir / "random-eagle31.gguf", outtype="f16",
+                   log=lambda m: None).output
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--drafter", help="eagle3 GGUF (default: a random SmolLM2-sized EAGLE-3.1 drafter)")
+    ap.add_argument("--drafter", help="eagle3 GGUF (default: an untrained SmolLM2-sized EAGLE-3.1 drafter)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("-n", type=int, default=96, help="tokens per generation")
@@ -89,7 +98,7 @@ def main() -> int:
                     print(f"round {r + 1}/{args.rounds}: overhead {shares[-1]:.2%}", file=sys.stderr)
     q = statistics.quantiles(shares, n=4)
     result = {
-        "drafter": str(drafter if args.drafter else "random SmolLM2-sized EAGLE-3.1"),
+        "drafter": str(drafter if args.drafter else "untrained SmolLM2-sized EAGLE-3.1"),
         "k": args.k, "runs": len(shares),
         "host_overhead_share": {"median": statistics.median(shares), "p25": q[0], "p75": q[2],
                                 "min": min(shares), "max": max(shares)},

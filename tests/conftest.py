@@ -90,7 +90,7 @@ def trained_drafters(features, tiny_target, tmp_path_factory) -> dict:
     """Drafters distilled briefly from the tiny target ("eagle3" and "eagle3.1" norms, same
     data and steps): name -> (checkpoint dir, f32 GGUF). Good enough that acceptance is far
     from zero."""
-    from converters import convert
+    from edge_eagle.converters import convert
     from edge_eagle.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("trained")

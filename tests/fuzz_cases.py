@@ -1,5 +1,5 @@
 """Fuzz cases on mutated real files, shared by tests/test_fuzz.py (bounded, in CI) and
-scripts/fuzz.py (longer runs). Each case builds one mutated input from a random.Random,
+tests/fuzz.py (longer runs). Each case builds one mutated input from a random.Random,
 feeds it to a reader, and returns "ok" (accepted) or "error" (a clear EdgeEagleError).
 Anything else - another exception, a crash or abort of the process, a hang - raises
 FuzzFailure with what is needed to reproduce it."""
@@ -159,7 +159,7 @@ def case_gguf_load(rng: random.Random, target: Path, work: Path, drafter: Path |
 def case_safetensors(rng: random.Random, checkpoint: Path, work: Path) -> str:
     """load_checkpoint on a real checkpoint whose model.safetensors was mutated (mostly in
     its JSON header and length prefix)."""
-    from converters.sources import load_checkpoint
+    from edge_eagle.converters.sources import load_checkpoint
 
     d = _copy_checkpoint(checkpoint, work / "st")
     st = d / "model.safetensors"
@@ -203,7 +203,7 @@ def _json_mutation(rng: random.Random, obj):
 def case_config(rng: random.Random, checkpoint: Path, target: Path, work: Path) -> str:
     """`edge-eagle convert` on a real checkpoint whose config.json had one value changed,
     deleted or retyped (or its bytes mutated)."""
-    from converters import convert
+    from edge_eagle.converters import convert
 
     d = _copy_checkpoint(checkpoint, work / "cfg")
     cfg_path = d / "config.json"
@@ -221,7 +221,7 @@ def case_config(rng: random.Random, checkpoint: Path, target: Path, work: Path) 
 def case_torch_zip(rng: random.Random, bin_path: Path, work: Path) -> str:
     """The pickle-free PyTorch reader on a real torch.save file with a mutated data.pkl or
     mutated zip bytes."""
-    from converters.torch_zip import load_torch_zip
+    from edge_eagle.converters.torch_zip import load_torch_zip
 
     out = work / "fuzz.bin"
     if rng.random() < 0.7:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from converters import convert
-from converters.convert import TOLERANCE
+from edge_eagle.converters import convert
+from edge_eagle.converters.convert import TOLERANCE
 from edge_eagle import EdgeEagle
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.gguf_file import read_gguf
@@ -298,7 +298,7 @@ def test_unknown_revision_in_the_offline_cache_is_a_clear_error(tmp_path, checkp
 def test_every_layout_round_trips_the_tensor_table():
     """One table names the drafter's tensors; each layout's reader (rename) inverts its writer
     (to_layout), for every tensor the table knows."""
-    from converters.layouts import BY_NAME, LAYOUTS, detect, rename, to_layout
+    from edge_eagle.converters.layouts import BY_NAME, LAYOUTS, detect, rename, to_layout
     from edge_eagle.tensors import BY_REF, REQUIRED
 
     for layout in LAYOUTS:

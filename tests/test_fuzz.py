@@ -1,4 +1,4 @@
-"""Bounded fuzzing in CI (scripts/fuzz.py runs the same cases longer): mutated real files
+"""Bounded fuzzing in CI (tests/fuzz.py runs the same cases longer): mutated real files
 into the GGUF reader, llama.cpp loading, the safetensors, config and PyTorch readers and
 the converter. The only outcome allowed is a result or a clear EdgeEagleError: no other
 exception, no crash, no abort inside llama.cpp, no hang. Cases are derandomized, so a

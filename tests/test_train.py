@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from converters import convert
+from edge_eagle.converters import convert
 from edge_eagle import EdgeEagle
 from edge_eagle.gguf_file import read_gguf
 from edge_eagle.parity import verify_drafter
@@ -110,3 +110,24 @@ def test_checkpoint_round_trips_through_convert_into_the_runtime(features, tiny_
     assert report.config.fc_norm and report.config.norm_output and not report.config.norm_before_residual
     c = verify_drafter(tmp_path / "d.gguf", tiny_target, model)
     assert c.relative_error < 2e-3 and c.top1_agreement == 1.0
+
+
+def test_cli_train_runs_the_whole_pipeline(tiny_target, corpus, tmp_path, capsys):
+    """extract -> train -> convert from one command; a second run resumes the feature cache."""
+    import json
+
+    from edge_eagle.cli import main
+    from edge_eagle.gguf_file import read_gguf
+
+    base = ["train", "--target", str(tiny_target), "--data", str(corpus), "--out", str(tmp_path / "w"),
+            "--max-tokens", "300", "--max-new", "16", "--layers", "2", "4", "5", "--json"]
+    assert main(base + ["--steps", "0"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["tokens"] >= 300
+    out = tmp_path / "d.gguf"
+    assert main(base + ["--steps", "2", "--batch-rows", "64", "--draft-vocab", "256", "--gguf", str(out),
+                        "--outtype", "f32"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2
+    g = read_gguf(out)
+    assert g.arch == "eagle3" and list(g.meta["eagle3.target_layers"]) == [2, 4, 5]

@@ -14,8 +14,8 @@ import pytest
 from textual.widgets import Input, Static
 
 from edge_eagle import EdgeEagle
-from tui.app import ChatOptions, EdgeEagleChat
-from tui.widgets import ChatMessage
+from edge_eagle.tui.app import ChatOptions, EdgeEagleChat
+from edge_eagle.tui.widgets import ChatMessage
 
 
 @pytest.fixture()

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from gguf import GGUFWriter
 
-from converters.gguf_out import copy_tokenizer, write_eagle3
-from converters.layouts import BY_NAME, to_layout
+from edge_eagle.converters.gguf_out import copy_tokenizer, write_eagle3
+from edge_eagle.converters.layouts import BY_NAME, to_layout
 from edge_eagle import defaults
 from edge_eagle.gguf_file import GGUFFile, read_gguf
 from edge_eagle.reference import Eagle3Config, Eagle3Reference, random_reference

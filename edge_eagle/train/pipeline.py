@@ -80,7 +80,7 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: d
     c = model.cfg
     out.mkdir(parents=True, exist_ok=True)
     state = {}
-    from converters.layouts import BY_NAME, to_layout
+    from edge_eagle.converters.layouts import BY_NAME, to_layout
 
     layout = BY_NAME["speculators"]  # the converter reads this back with the same table
     for name, value in model.state_dict().items():

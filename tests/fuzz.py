@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Longer fuzzing than CI's: the cases of tests/fuzz_cases.py for a time budget each.
 
-    python scripts/fuzz.py [--minutes 2] [--cases gguf_reader gguf_load ...] [--seed 0] [--json OUT]
+    python -m tests.fuzz [--minutes 2] [--cases gguf_reader gguf_load ...] [--seed 0] [--json OUT]
 
 Inputs are mutated real files: the shipped drafter GGUF, a tiny target and drafter (built
 as the tests build them), a checkpoint written by `edge-eagle train` and its torch.save

@@ -1,0 +1,1 @@
+"""`edge-eagle bench`: runners, the run, and its report."""
