@@ -70,7 +70,7 @@ def _layer_ids(layout: L.Layout, config: Mapping[str, Any], n_layer: int, notes:
 
 
 def build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
-                 notes: list[str], norm_output: bool | None = None):
+                 notes: list[str], norm_output: str | bool | None = None):
     """The drafter's Eagle3Config from config.json and the tensors; a malformed or
     out-of-range value becomes one clear error, whatever its type."""
     import math
@@ -98,8 +98,41 @@ def build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.nd
     return c
 
 
+NORM_OUTPUT_CHOICES = ("feedback", "head-only")
+
+
+def _norm_output(raw: Mapping[str, Any], cfg: Mapping[str, Any], eagle_cfg: Mapping[str, Any], flag: Callable,
+                 override: str | bool | None, notes: list[str]) -> bool:
+    """Whether norm(h) is fed back between chain steps (EAGLE-3.1) rather than only normed for lm_head.
+
+    SpecForge changed the meaning of norm_output in its PR #879 (Sept 2026), and its checkpoints
+    carry no version: up to 0.2.0, true = the final norm before lm_head only (EAGLE-3) and false
+    = no final norm at all; after it, false = EAGLE-3 and true = EAGLE-3.1. Its defaults (true
+    before, false after) both mean EAGLE-3, so only an explicit value is ambiguous."""
+    if override is not None:
+        if isinstance(override, bool):  # the API's old spelling
+            override = "feedback" if override else "head-only"
+        if override not in NORM_OUTPUT_CHOICES:
+            raise _err(f"Unknown norm_output reading '{override}'; use feedback (EAGLE-3.1) or head-only (EAGLE-3).")
+        notes.append(f"norm_output read as {override} (--norm-output)")
+        return override == "feedback"
+    specforge = isinstance(raw.get("eagle_config"), Mapping)
+    explicit = "norm_output" in cfg or "norm_output" in eagle_cfg
+    if not specforge or not explicit:
+        if specforge:
+            notes.append("norm_output not in config.json: EAGLE-3 (SpecForge's default means that in every version)")
+        return flag("norm_output")
+    if flag("norm_output"):
+        raise _err("This SpecForge checkpoint sets norm_output: true, which meant the final norm before lm_head "
+                   "only (EAGLE-3) up to SpecForge 0.2.0 and norm(h) fed back (EAGLE-3.1) after its PR #879, and "
+                   "config.json does not say which wrote it; pass --norm-output head-only or --norm-output feedback.")
+    raise _err("This SpecForge checkpoint sets norm_output: false, which meant no final norm before lm_head (a "
+               "drafter llama.cpp's eagle3 graph cannot run) up to SpecForge 0.2.0 and EAGLE-3 after its PR #879; "
+               "if it was trained after PR #879, pass --norm-output head-only.")
+
+
 def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
-                 notes: list[str], norm_output: bool | None = None):
+                 notes: list[str], norm_output: str | bool | None = None):
     from edge_eagle.reference import Eagle3Config, llama3_rope_factors
 
     cfg = dict(ckpt.config)
@@ -150,11 +183,7 @@ def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.n
         raise _err("The checkpoint has both per-layer fc_norm and norm_before_fc; a drafter uses one of them.")
     if norm_before_fc and "input_norm.weight" not in tensors:
         raise _err("config.json sets norm_before_fc but the checkpoint has no input_norm.weight; re-export it.")
-    n_out = flag("norm_output") if norm_output is None else norm_output
-    if norm_output is None and n_out and layout.name in ("specforge", "eagle3.1"):
-        notes.append("norm_output=true read as EAGLE-3.1 (norm(h) fed back between chain steps); SpecForge "
-                     "checkpoints from before its PR #879 meant only the lm_head input: convert those with "
-                     "--norm-output false")
+    n_out = _norm_output(ckpt.config, cfg, eagle_cfg, flag, norm_output, notes)
     nbr = flag("norm_before_residual")
     if layout.defaults.get("norm_before_residual") and "norm_before_residual" not in cfg:
         notes.append("norm_before_residual not in config.json: speculators' default true assumed")
@@ -205,7 +234,7 @@ def absolute_d2t(d2t: np.ndarray, vocab: int) -> np.ndarray:
 
 def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: str | os.PathLike[str], *,
             outtype: str = "f16", fmt: str | None = None, revision: str | None = None, verify: bool = False,
-            norm_output: bool | None = None, progress: bool = False,
+            norm_output: str | bool | None = None, progress: bool = False,
             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ConvertReport:
     if outtype not in OUTTYPES:
         raise _err(f"Unknown --outtype '{outtype}'; use one of {', '.join(OUTTYPES)}.")

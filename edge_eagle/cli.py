@@ -134,7 +134,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from edge_eagle.converters import convert
 
-    norm_output = None if args.norm_output is None else args.norm_output == "true"
+    norm_output = {"true": "feedback", "false": "head-only"}.get(args.norm_output, args.norm_output)
     report = convert(args.src, args.target, args.output, outtype=args.outtype, fmt=args.format,
                      revision=args.revision, verify=args.verify, norm_output=norm_output,
                      progress=not args.json, log=(lambda m: None) if args.json else
@@ -236,7 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
     c.add_argument("--format", help="force a layout: nemo, speculators, eagle3-v3, eagle3.1, specforge, safeailab")
     c.add_argument("--revision", help="Hub revision (branch, tag or commit) to pin")
-    c.add_argument("--norm-output", choices=["true", "false"], help="override the checkpoint's norm_output")
+    c.add_argument("--norm-output", choices=["feedback", "head-only", "true", "false"],
+                   help="how to read the checkpoint's norm_output: feedback (EAGLE-3.1, norm(h) fed back between "
+                        "chain steps) or head-only (EAGLE-3, the final norm before lm_head only); true/false are "
+                        "aliases; needed for SpecForge checkpoints that set it (its meaning changed in PR #879)")
     c.add_argument("--verify", action="store_true", help="compare llama.cpp logits with the torch reference")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_convert)

@@ -41,7 +41,9 @@ def checkpoints(tmp_path_factory, references):
 def test_layout_converts_and_matches_the_source_model(layout, checkpoints, references, tiny_target, tmp_path):
     out = tmp_path / f"{layout}.gguf"
     logs: list[str] = []
-    report = convert(checkpoints[layout], tiny_target, out, outtype="f32", log=logs.append)
+    # the eagle3.1 fixture is SpecForge-shaped and sets norm_output: its reading must be stated
+    reading = dict(norm_output="feedback") if layout == "eagle3.1" else {}
+    report = convert(checkpoints[layout], tiny_target, out, outtype="f32", log=logs.append, **reading)
     assert report.layout == layout, "detected from content"
     assert any(line.startswith("layout: ") for line in logs)
     cfg, src = report.config, references[layout].cfg
@@ -62,7 +64,8 @@ def test_layout_converts_and_matches_the_source_model(layout, checkpoints, refer
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
 def test_outtypes_stay_within_tolerance(outtype, checkpoints, references, tiny_target, tmp_path):
     out = tmp_path / f"d-{outtype}.gguf"
-    report = convert(checkpoints["eagle3.1"], tiny_target, out, outtype=outtype, verify=True, **quiet)
+    report = convert(checkpoints["eagle3.1"], tiny_target, out, outtype=outtype, verify=True, norm_output="feedback",
+                     **quiet)
     assert report.verify["ok"], report.verify
     c = verify_drafter(out, tiny_target, references["eagle3.1"])
     assert c.relative_error <= TOLERANCE[outtype]
@@ -307,3 +310,23 @@ def test_every_layout_round_trips_the_tensor_table():
     speculators = BY_NAME["speculators"]
     published = {to_layout(speculators, n) for n in REQUIRED}  # as the trainer writes it
     assert detect(published, {}) is speculators
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_specforge_norm_output_is_never_guessed(value, references, tiny_target, tmp_path):
+    """SpecForge's norm_output changed meaning in its PR #879 and its checkpoints carry no version:
+    an explicit value is refused until --norm-output says how to read it; absent, it is EAGLE-3."""
+    ckpt = write_checkpoint(tmp_path / "sf", "specforge", references["specforge"],
+                            config_overrides={"norm_output": value})
+    with pytest.raises(EdgeEagleError, match="PR #879.*--norm-output head-only"):
+        convert(ckpt, tiny_target, tmp_path / "x.gguf", outtype="f32", **quiet)
+    for reading, fed_back in (("head-only", False), ("feedback", True)):
+        report = convert(ckpt, tiny_target, tmp_path / f"{reading}.gguf", outtype="f32", norm_output=reading, **quiet)
+        assert report.config.norm_output is fed_back
+        assert any("--norm-output" in a for a in report.assumptions)
+    plain = write_checkpoint(tmp_path / "sf-default", "specforge", references["specforge"])
+    report = convert(plain, tiny_target, tmp_path / "d.gguf", outtype="f32", **quiet)
+    assert report.config.norm_output is False
+    assert any("every version" in a for a in report.assumptions)
+    proc = cli("convert", str(ckpt), "--target", str(tiny_target), "-o", str(tmp_path / "c.gguf"))
+    assert_clean_error(proc, "PR #879", "--norm-output")
