@@ -168,10 +168,11 @@ def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.n
         raise _err(f"The drafter was trained for target hidden size {target_hidden} but "
                    f"{target.path.name} has {t_embd}; pass the target it was made for.")
     ids = _layer_ids(layout, ckpt.config, t_layers, notes)
-    bad = [i for i in ids if not 0 < i < t_layers]
-    if bad:
-        raise _err(f"Layer ids {list(ids)} lie outside {target.path.name}'s {t_layers} layers; "
-                   "pass the target the drafter was made for.")
+    from edge_eagle.eagle import layer_ids_problem
+
+    problem = layer_ids_problem(ids, t_layers, target.arch, target.path.name)
+    if problem:
+        raise _err(f"The drafter {problem}")
     flag = lambda key, default=False: bool(_first(cfg, key, default=_first(eagle_cfg, key,  # noqa: E731
                                                                             default=layout.defaults.get(key, default))))
     fc_norm = "fc_norm.0.weight" in tensors

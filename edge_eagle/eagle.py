@@ -91,6 +91,27 @@ class Eagle3Spec:
         )
 
 
+def layer_ids_problem(ids: Sequence[int], n_layer: int, arch: str, target_name: str) -> str | None:
+    """Why these captured-layer ids (layer-input convention) cannot run on this target, or None.
+
+    0 (the token embeddings, the input of layer 0) works where llama.cpp exports layer inputs;
+    N (the final hidden state, speculators' "include last layer") is no layer's input, so
+    llama.cpp's layer-input API cannot give it."""
+    ids = [int(i) for i in ids]
+    if n_layer in ids:
+        return (f"captures layer id {n_layer}, the final hidden state of {target_name}'s {n_layer} layers, which "
+                f"llama.cpp's layer-input capture cannot give (it ends at the input of layer {n_layer - 1}); use a "
+                f"drafter trained on layer ids below {n_layer}.")
+    bad = [i for i in ids if not 0 <= i < n_layer]
+    if bad:
+        return (f"captures target layers {ids}, some outside {target_name}'s {n_layer} layers; use a drafter made "
+                "for this target (or convert one with `edge-eagle convert --target`).")
+    if 0 in ids and arch not in K.LAYER_INPUT_ARCHS:
+        return (f"captures layer 0 (the token embeddings), which the eval-callback capture that {target_name}'s "
+                f"architecture ({arch}) needs cannot give; use a drafter whose layer ids start at 1.")
+    return None
+
+
 def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
     """Raise PairMismatchError unless this drafter fits this target; return its spec."""
     spec = Eagle3Spec.from_gguf(drafter)
@@ -103,10 +124,9 @@ def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
     fc = drafter.tensors[K.T_FC]
     if fc.shape != (3 * t_embd, spec.hidden_size):
         raise PairMismatchError(f"{d} has fc of shape {list(fc.shape)}, which does not fit {t}; {hint}")
-    bad = [lid for lid in spec.target_layers if not 0 < lid < t_layers]
-    if bad:
-        raise PairMismatchError(f"{d} captures target layers {list(spec.target_layers)} but {t} has {t_layers} "
-                                f"layers; {hint}")
+    problem = layer_ids_problem(spec.target_layers, t_layers, target.arch, t)
+    if problem:
+        raise PairMismatchError(f"{d} {problem}")
     if spec.vocab_size != target.vocab_size:
         raise PairMismatchError(f"{d} has a vocabulary of {spec.vocab_size} tokens but {t} has "
                                 f"{target.vocab_size}; {hint}")

@@ -195,6 +195,28 @@ def test_layer_ids_outside_the_target(tmp_path, references, tiny_target):
     _bad(tmp_path, ckpt, tiny_target, "outside", "8 layers")
 
 
+def test_layer_id_0_runs_and_the_final_hidden_state_is_refused_with_its_reason(tmp_path, references, tiny_target,
+                                                                              qwen2_target):
+    """speculators allows aux ids 0..N. 0 (the token embeddings) is the input of layer 0, which
+    llama.cpp's layer-input API gives; N (the final hidden state) is no layer's input."""
+    model = references["safeailab"]
+    model.cfg.target_layers = (0, 3, 5)
+    try:
+        ckpt = _edit(tmp_path, model, eagle_aux_hidden_state_layer_ids=[0, 3, 5])
+        out = tmp_path / "zero.gguf"
+        assert convert(ckpt, tiny_target, out, outtype="f32", **quiet).config.target_layers == (0, 3, 5)
+        c = verify_drafter(out, tiny_target, model)
+        assert c.relative_error <= TOLERANCE["f32"] and c.top1_agreement == 1.0
+        with EdgeEagle(tiny_target, out, k=3) as ee:
+            plain = ee.generate("Once upon a time", max_tokens=20, speculative=False).result().tokens
+            assert ee.generate("Once upon a time", max_tokens=20).result().tokens == plain
+    finally:
+        model.cfg.target_layers = (2, 3, 5)
+    last = _edit(tmp_path / "n", references["safeailab"], eagle_aux_hidden_state_layer_ids=[2, 4, 8])
+    _bad(tmp_path, last, tiny_target, "final hidden state", "below 8")
+    _bad(tmp_path, ckpt, qwen2_target, "layer 0", "eval-callback")
+
+
 @pytest.mark.parametrize("problem", ["range", "duplicate"])
 def test_bad_d2t(problem, tmp_path, references, tiny_target):
     def change(t):
