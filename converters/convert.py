@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -233,14 +233,19 @@ def absolute_d2t(d2t: np.ndarray, vocab: int) -> np.ndarray:
     return ids
 
 
-def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: str | os.PathLike[str], *,
-            outtype: str = "f16", fmt: str | None = None, revision: str | None = None, verify: bool = False,
-            norm_output: str | bool | None = None, progress: bool = False,
-            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ConvertReport:
-    if outtype not in OUTTYPES:
-        raise _err(f"Unknown --outtype '{outtype}'; use one of {', '.join(OUTTYPES)}.")
-    if fmt is not None and fmt not in L.BY_NAME:
-        raise _err(f"Unknown --format '{fmt}'; use one of {', '.join(L.BY_NAME)}.")
+class DrafterRead(NamedTuple):
+    target: GGUFFile
+    checkpoint: Checkpoint
+    layout: L.Layout
+    tensors: dict[str, np.ndarray]
+    config: Any  # reference.Eagle3Config
+    notes: list[str]
+
+
+def read_drafter(src: str | os.PathLike[str], target: str | os.PathLike[str], *, fmt: str | None = None,
+                 revision: str | None = None, norm_output: str | bool | None = None) -> DrafterRead:
+    """A checkpoint read and validated against a target GGUF: reference-named tensors (d2t
+    absolute) and the reference config, with the assumptions made. Nothing is written."""
     if Path(target).is_dir():
         raise _err(f"{target} is a directory; pass the target's GGUF file (HF target directories are not "
                    "supported yet).")
@@ -259,6 +264,11 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
                    "pass --format to choose one.")
     notes: list[str] = []
     tensors = canonical_tensors(ckpt, layout)
+    embed = tensors.get("embed_tokens.weight")
+    if embed is not None and K.T_TOKEN_EMBD in tgt.tensors and embed.shape == tgt.tensors[K.T_TOKEN_EMBD].shape[::-1] \
+            and np.array_equal(np.asarray(embed, np.float32), tgt.tensor_array(K.T_TOKEN_EMBD).astype(np.float32)):
+        del tensors["embed_tokens.weight"]  # a copy of the target's own (speculators saves one): share it
+        notes.append("embed_tokens equals the target's token embedding: shared, not stored again")
     cfg = build_config(ckpt, layout, tensors, tgt, notes, norm_output)
     for name, value in tensors.items():
         want = T.expected_shapes(cfg)[name]
@@ -270,8 +280,36 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
     elif cfg.draft_vocab_size != tgt.vocab_size:
         raise _err(f"The drafter has a {cfg.draft_vocab_size}-token draft vocabulary but no d2t mapping; "
                    "re-export the checkpoint with d2t.")
-    if not cfg.has_embedding:
+    if not cfg.has_embedding and not any(n.startswith("embed_tokens equals") for n in notes):
         notes.append("no embed_tokens in the checkpoint: the drafter borrows the target's token embedding")
+    return DrafterRead(tgt, ckpt, layout, tensors, cfg, notes)
+
+
+def reference_model(tensors: Mapping[str, np.ndarray], cfg: Any, target: GGUFFile):
+    """The torch reference (reference.Eagle3Reference) on a read checkpoint's weights."""
+    import torch
+
+    from edge_eagle.reference import Eagle3Reference
+
+    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
+    model = Eagle3Reference(cfg, embed)
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "d2t"]:
+        raise RuntimeError(f"reference does not take {unexpected or missing}")
+    return model
+
+
+def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: str | os.PathLike[str], *,
+            outtype: str = "f16", fmt: str | None = None, revision: str | None = None, verify: bool = False,
+            norm_output: str | bool | None = None, progress: bool = False,
+            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> ConvertReport:
+    if outtype not in OUTTYPES:
+        raise _err(f"Unknown --outtype '{outtype}'; use one of {', '.join(OUTTYPES)}.")
+    if fmt is not None and fmt not in L.BY_NAME:
+        raise _err(f"Unknown --format '{fmt}'; use one of {', '.join(L.BY_NAME)}.")
+    tgt, ckpt, layout, tensors, cfg, notes = read_drafter(src, target, fmt=fmt, revision=revision,
+                                                         norm_output=norm_output)
     # reported once everything is validated, so a refused input prints only its error line
     log(f"layout: {layout.name} ({layout.description}){' [--format]' if fmt else ' [detected]'}")
     for note in notes:
@@ -293,18 +331,9 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
 
 
 def verify_conversion(path: Path, target: GGUFFile, tensors: Mapping[str, np.ndarray], cfg, outtype: str) -> dict:
-    import torch
-
     from edge_eagle.parity import verify_drafter
-    from edge_eagle.reference import Eagle3Reference
 
-    embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
-    model = Eagle3Reference(cfg, embed)
-    state = {k: torch.from_numpy(np.asarray(v)) for k, v in tensors.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if m != "d2t"]:
-        raise RuntimeError(f"reference does not take {unexpected or missing}")
-    c = verify_drafter(path, target.path, model)
+    c = verify_drafter(path, target.path, reference_model(tensors, cfg, target))
     tol = TOLERANCE[outtype]
     return {"max_abs_error": c.max_abs_error, "relative_error": c.relative_error, "top1_agreement": c.top1_agreement,
             "tolerance": tol, "ok": c.relative_error <= tol}

@@ -162,7 +162,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
-                        seed=args.seed)
+                        seed=args.seed, hf_target=args.hf_target)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
     summary = train_drafter(args.target, args.data, Path(args.out), opts,
                             features=Path(args.features) if args.features else None, layers=args.layers,
@@ -265,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_repack_arg(t)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--gguf", help="also convert the checkpoint to this GGUF")
+    t.add_argument("--hf-target", help="the target's Hugging Face id or folder, as the checkpoint's verifier for "
+                                       "speculators/vLLM (default: a minimal verifier folder beside the checkpoint)")
     t.add_argument("--outtype", default="q8_0", choices=["f32", "f16", "bf16", "q8_0"])
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_train)

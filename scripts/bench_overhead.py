@@ -62,7 +62,7 @@ def random_drafter(out_dir: Path) -> Path:
     n = int(target.get("{arch}.block_count"))
     model = init_model(target, (2, n // 2, n - 3), np.arange(8192, dtype=np.int64),
                        TrainOptions(draft_vocab=8192, seed=11))
-    save_checkpoint(model, out_dir / "ckpt", Path(default_target()).name, {})
+    save_checkpoint(model, out_dir / "ckpt", target, {})
     return convert(out_dir / "ckpt", default_target(), out_dir / "random-eagle31.gguf", outtype="f16",
                    log=lambda m: None).output
 

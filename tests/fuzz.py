@@ -49,7 +49,7 @@ def build_inputs(work: Path) -> dict[str, Path]:
 
     g = read_gguf(target)
     d2t = np.arange(512, dtype=np.int64)
-    save_checkpoint(init_model(g, (2, 4, 5), d2t, TrainOptions(draft_vocab=512)), work / "ckpt", target.name, {})
+    save_checkpoint(init_model(g, (2, 4, 5), d2t, TrainOptions(draft_vocab=512)), work / "ckpt", g, {})
     torch.save(load_file(work / "ckpt" / "model.safetensors"), work / "pytorch_model.bin")
     return {"target": target, "drafter": drafter, "checkpoint": work / "ckpt", "bin": work / "pytorch_model.bin",
             "shipped": defaults.default_drafter()}

@@ -86,7 +86,7 @@ def test_training_lowers_the_loss_and_beats_a_random_drafter(features, tiny_targ
     target = read_gguf(tiny_target)
     shards = sorted(features.glob("shard-*.npz"))
     d2t = draft_vocabulary(shards, target.vocab_size, 512)
-    save_checkpoint(init_model(target, (2, 4, 5), d2t, opts), tmp_path / "random", target.path.name, {})
+    save_checkpoint(init_model(target, (2, 4, 5), d2t, opts), tmp_path / "random", target, {})
     convert(tmp_path / "random", tiny_target, tmp_path / "random.gguf", outtype="f32", **quiet)
 
     prompts = ["Tell me about the sea.", "Tell me about winter.", "Tell me about clocks."]
@@ -102,9 +102,9 @@ def test_checkpoint_round_trips_through_convert_into_the_runtime(features, tiny_
     with torch.no_grad():  # perturb so the round trip is checked on non-initial weights
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    save_checkpoint(model, tmp_path / "ckpt", target.path.name, {"note": "test"})
+    save_checkpoint(model, tmp_path / "ckpt", target, {"note": "test"})
     cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
-    assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["fc_norm"] and cfg["norm_output"]
+    assert cfg["architectures"] == ["Eagle3DraftModel"] and cfg["fc_norm"] and cfg["norm_output"]
     report = convert(tmp_path / "ckpt", tiny_target, tmp_path / "d.gguf", outtype="f32", **quiet)
     assert report.layout == "speculators"
     assert report.config.fc_norm and report.config.norm_output and not report.config.norm_before_residual

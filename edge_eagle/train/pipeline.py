@@ -37,6 +37,7 @@ class TrainOptions:
     eagle31: bool = True  # fc_norm + norm_output; False trains EAGLE-3 norms (the ablation)
     device: str = "cpu"
     seed: int = 0
+    hf_target: str | None = None  # the checkpoint's verifier for speculators (None: a folder beside it)
 
 
 def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
@@ -73,39 +74,93 @@ def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, 
     return model
 
 
-def save_checkpoint(model: Eagle3Reference, out: Path, target_name: str, meta: dict[str, Any]) -> Path:
-    """speculators layout: config.json + model.safetensors (layers.0.*, HF d2t offsets, t2d)."""
+# GGUF architecture -> (HF model_type, architecture) of the verifier folder beside a checkpoint
+_HF_ARCH = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+            "qwen3": ("qwen3", "Qwen3ForCausalLM"), "mistral": ("mistral", "MistralForCausalLM")}
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (and whose loader is tested)
+
+
+def write_verifier(target: GGUFFile, out: Path) -> tuple[str, list[str]]:
+    """A minimal HF folder for the target (config.json + embed_tokens, final norm and lm_head taken
+    from the GGUF), so speculators can resolve the checkpoint's verifier offline. Returns the
+    folder's path and the verifier's architectures."""
     from safetensors.torch import save_file
+
+    model_type, arch = _HF_ARCH.get(target.arch, ("llama", "LlamaForCausalLM"))
+    embed = torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_TOKEN_EMBD), dtype=np.float32))
+    head = (torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_OUTPUT), dtype=np.float32))
+            if K.T_OUTPUT in target.tensors else embed.clone())  # tied: safetensors stores no shared tensors
+    norm = torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_OUTPUT_NORM), dtype=np.float32))
+    heads = int(target.require(K.HEAD_COUNT))
+    config = {"architectures": [arch], "model_type": model_type,
+              "hidden_size": int(target.require(K.EMBEDDING_LENGTH)),
+              "intermediate_size": int(target.require(K.FEED_FORWARD_LENGTH)),
+              "num_hidden_layers": int(target.require(K.BLOCK_COUNT)), "num_attention_heads": heads,
+              "num_key_value_heads": int(target.get(K.HEAD_COUNT_KV, heads)),
+              "rms_norm_eps": float(target.get(K.RMS_EPS, 1e-6)), "vocab_size": target.vocab_size,
+              "max_position_embeddings": int(target.get(K.CONTEXT_LENGTH, 4096)),
+              "rope_parameters": {"rope_theta": float(target.get(K.ROPE_FREQ_BASE, 10000.0)), "rope_type": "default"},
+              "tie_word_embeddings": K.T_OUTPUT not in target.tensors,
+              "edge_eagle": {"note": f"embedding, final norm and lm_head of {target.path.name} only, for "
+                                     "speculators' verifier lookup; not a runnable model"}}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file({"model.embed_tokens.weight": embed, "model.norm.weight": norm, "lm_head.weight": head}, str(tmp))
+    atomic_write(out / "config.json", json.dumps(config, indent=2))
+    return str(out.resolve()), [arch]
+
+
+def save_checkpoint(model: Eagle3Reference, out: Path, target: GGUFFile, meta: dict[str, Any],
+                    hf_target: str | None = None) -> Path:
+    """The speculators 0.9.0 layout, as its own save_pretrained writes it: config.json +
+    model.safetensors (layers.0.*, HF d2t offsets, t2d, embed_tokens), loadable by speculators'
+    from_pretrained as it is. Its verifier is `hf_target` (a Hub id or HF folder of the target)
+    when given, else a minimal verifier folder written beside it (`verifier/`)."""
+    from safetensors.torch import save_file
+
+    from edge_eagle.converters.layouts import BY_NAME, to_layout
 
     c = model.cfg
     out.mkdir(parents=True, exist_ok=True)
-    state = {}
-    from edge_eagle.converters.layouts import BY_NAME, to_layout
-
     layout = BY_NAME["speculators"]  # the converter reads this back with the same table
+    state = {}
     for name, value in model.state_dict().items():
         if name == "d2t":
             continue
         if name not in BY_REF:
             raise RuntimeError(f"the drafter has a tensor {name} that edge_eagle.tensors does not name")
         state[to_layout(layout, name)] = value.contiguous()
+    if "embed_tokens.weight" not in state:  # self-contained, as speculators saves it; convert shares it again
+        state["embed_tokens.weight"] = model.target_embed.contiguous()
     d2t = model.d2t.clone()
     state["d2t"] = d2t - torch.arange(len(d2t))
     t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
     t2d[d2t] = True
     state["t2d"] = t2d
+    if hf_target:
+        verifier, archs = hf_target, [_HF_ARCH.get(target.arch, ("llama", "LlamaForCausalLM"))[1]]
+    else:
+        verifier, archs = write_verifier(target, out / "verifier")
     config = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": {
             "model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
+            "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
             "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
-            "num_hidden_layers": 1},
+            "num_hidden_layers": 1, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "tie_word_embeddings": False},
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "norm_before_residual": c.norm_before_residual, "fc_norm": c.fc_norm, "norm_output": c.norm_output,
+        "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
+        "norm_output": c.norm_output, "embed_requires_grad": False, "tie_word_embeddings": False,
         "eagle_aux_hidden_state_layer_ids": list(c.target_layers),
-        "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": target_name}},
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
+                                  "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier, "architectures": archs}},
         "edge_eagle": meta,
     }
     with atomic_path(out / "model.safetensors") as tmp:
@@ -174,6 +229,6 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
         "target": target.path.name, "layers": list(layers),
     }
     model.cpu()
-    save_checkpoint(model, out, target.path.name, summary)
+    save_checkpoint(model, out, target, summary, hf_target=opts.hf_target)
     atomic_write(out / "train_history.json", json.dumps(history))
     return summary
