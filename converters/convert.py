@@ -323,17 +323,32 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
         f"target layers {list(cfg.target_layers)})")
     report = ConvertReport(path, layout.name, cfg, notes)
     if verify:
-        report.verify = verify_conversion(path, tgt, tensors, cfg, outtype)
+        report.verify = verify_conversion(path, tgt, tensors, cfg, outtype, ckpt.directory, layout.name)
         v = report.verify
-        log(f"verify: max abs logit error {v['max_abs_error']:.3g} (relative {v['relative_error']:.3g}, "
-            f"tolerance {v['tolerance']}), top-1 agreement {v['top1_agreement']:.1%}")
+        log(f"verify: llama.cpp vs edge-eagle's reading: max abs logit error {v['max_abs_error']:.3g} (relative "
+            f"{v['relative_error']:.3g}, tolerance {v['tolerance']}), top-1 agreement {v['top1_agreement']:.1%}")
+        peer = v["peer"]
+        if peer is None:
+            log(f"verify: only a self-consistency check ran (no importable library reads the {layout.name} layout "
+                "here, so a misread config flag would not show)")
+        else:
+            log(f"verify: edge-eagle's reading vs {peer['library']}'s own forward, {peer['steps']} steps: relative "
+                f"error {peer['relative_error']:.3g} (tolerance {peer['tolerance']}), top-1 agreement "
+                f"{min(peer['top1_agreement_by_step']):.1%}")
     return report
 
 
-def verify_conversion(path: Path, target: GGUFFile, tensors: Mapping[str, np.ndarray], cfg, outtype: str) -> dict:
+def verify_conversion(path: Path, target: GGUFFile, tensors: Mapping[str, np.ndarray], cfg, outtype: str,
+                      src_dir: Path | None = None, layout: str | None = None) -> dict:
+    """llama.cpp on the written file against the reference on the source weights; and, where the
+    library that wrote the checkpoint is importable, the reference against that library's own
+    forward ("peer"; None when none ran). ok needs both."""
     from edge_eagle.parity import verify_drafter
+    from edge_eagle.peers import check_with_peer
 
-    c = verify_drafter(path, target.path, reference_model(tensors, cfg, target))
+    reference = reference_model(tensors, cfg, target)
+    c = verify_drafter(path, target.path, reference)
     tol = TOLERANCE[outtype]
+    peer = check_with_peer(src_dir, layout, reference, target.path) if src_dir is not None and layout else None
     return {"max_abs_error": c.max_abs_error, "relative_error": c.relative_error, "top1_agreement": c.top1_agreement,
-            "tolerance": tol, "ok": c.relative_error <= tol}
+            "tolerance": tol, "peer": peer, "ok": c.relative_error <= tol and (peer is None or peer["ok"])}

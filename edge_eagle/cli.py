@@ -144,9 +144,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
                           "version": "EAGLE-3.1" if report.config.fc_norm or report.config.norm_output
                           else "EAGLE-3", "target_layers": list(report.config.target_layers),
                           "assumptions": report.assumptions, "verify": report.verify}))
-    if report.verify is not None and not report.verify["ok"]:
-        print(f"edge-eagle: verification failed: relative logit error {report.verify['relative_error']:.3g} "
-              f"> {report.verify['tolerance']}; try --outtype f32 or check the layout.", file=sys.stderr)
+    v = report.verify
+    if v is not None and v["peer"] is not None and not v["peer"]["ok"]:
+        print(f"edge-eagle: verification failed: edge-eagle reads this checkpoint differently from "
+              f"{v['peer']['library']} (relative logit error {v['peer']['relative_error']:.3g}); check --format "
+              "and the config flags, and report the checkpoint.", file=sys.stderr)
+        return 1
+    if v is not None and not v["ok"]:
+        print(f"edge-eagle: verification failed: relative logit error {v['relative_error']:.3g} "
+              f"> {v['tolerance']}; try --outtype f32 or check the layout.", file=sys.stderr)
         return 1
     return 0
 

@@ -22,53 +22,22 @@ from edge_eagle.converters import convert  # noqa: E402
 from edge_eagle.converters.convert import TOLERANCE, read_drafter, reference_model  # noqa: E402
 from edge_eagle.gguf_file import read_gguf  # noqa: E402
 from edge_eagle.parity import verify_drafter  # noqa: E402
-from edge_eagle.target import Target  # noqa: E402
+from edge_eagle.peers import compare_steps, sequence_features, speculators_step_logits  # noqa: E402
 from edge_eagle.train import TrainOptions, save_checkpoint  # noqa: E402
-from edge_eagle.train.pipeline import init_model  # noqa: E402
-from edge_eagle.train.ttt import ttt_states  # noqa: E402
+from edge_eagle.train.pipeline import init_model, write_verifier  # noqa: E402
 
-STEPS = 3
 quiet = dict(log=lambda m: None)
 
 
 @pytest.fixture(scope="module")
 def sequence(tiny_target):
-    """Target features and drafter input tokens of a 128-row sequence (speculators' flex attention
-    works in blocks of 128): feature row P pairs with token P+1."""
-    t = Target(tiny_target, n_ctx=256)
-    try:
-        t.set_capture((2, 4, 5))
-        seq = t.tokenize("Once upon a time a small robot learned to paint the sea. " * 20)[:129]
-        feats = torch.from_numpy(t.prefill(seq).features[:-1].copy())
-    finally:
-        t.close()
-    return feats, torch.tensor(seq[1:])
+    """Target features and drafter input tokens of a 128-row sequence (feature row P pairs with token P+1)."""
+    return sequence_features(tiny_target, (2, 4, 5))
 
 
-def speculators_logits(model, feats: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Draft logits of speculators' own forward at each training-time-test step."""
-    got: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: got.append(out[0].detach()))
-    try:
-        with torch.no_grad():
-            model(hidden_states=feats[None], input_ids=tokens[None],
-                  document_ids=torch.zeros(1, len(tokens), dtype=torch.long), ttt_steps=STEPS)
-    finally:
-        hook.remove()
-    return got
-
-
-def assert_same_steps(reference, peer_logits: list[torch.Tensor], feats, tokens) -> None:
-    """speculators' step s row P is the chain seeded at P; edge-eagle's TTT row P+s is the same one."""
-    n = len(tokens)
-    with torch.no_grad():
-        ours = [reference.draft_logits(h)[0] for h in
-                ttt_states(reference, feats[None], tokens[None], torch.arange(n)[None], STEPS)]
-    for s in range(STEPS):
-        a, b = ours[s][s:], peer_logits[s][: n - s]
-        rel = float((a - b).abs().max() / b.abs().max())
-        assert rel <= 1e-5, (s, rel)
-        assert bool((a.argmax(-1) == b.argmax(-1)).all()), s
+def assert_same_steps(reference, peer_logits, feats, tokens) -> None:
+    out = compare_steps(reference, peer_logits, feats, tokens)
+    assert out["ok"] and out["relative_error"] <= 1e-5, out
 
 
 @pytest.mark.parametrize("eagle31", [True, False], ids=["eagle3.1", "eagle3"])
@@ -87,7 +56,7 @@ def test_speculators_loads_what_edge_eagle_trains(eagle31, tiny_target, sequence
     assert peer.config.norm_output is eagle31 and peer.config.fc_norm is eagle31
     assert torch.equal(peer.embed_tokens.weight, model.target_embed)
     feats, tokens = sequence
-    assert_same_steps(model, speculators_logits(peer, feats, tokens), feats, tokens)
+    assert_same_steps(model, speculators_step_logits(peer, feats, tokens), feats, tokens)
     # and the converter reads it back to the same drafter, sharing the target's embedding again
     report = convert(ckpt, tiny_target, tmp_path / "d.gguf", outtype="f32", **quiet)
     assert not report.config.has_embedding
@@ -113,7 +82,9 @@ def test_edge_eagle_converts_what_speculators_saves(flags, tiny_target, sequence
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])))
+            # speculators 0.9.0 cannot load a checkpoint whose verifier does not resolve: a local one
+            verifier=VerifierConfig(name_or_path=write_verifier(target, tmp_path / "verifier")[0],
+                                    architectures=["LlamaForCausalLM"])))
     torch.manual_seed(3)
     peer = Eagle3DraftModel(cfg).eval()
     with torch.no_grad():
@@ -125,13 +96,35 @@ def test_edge_eagle_converts_what_speculators_saves(flags, tiny_target, sequence
         peer.t2d[torch.from_numpy(d2t)] = True
     peer.save_pretrained(str(tmp_path / "peer"))
     feats, tokens = sequence
-    peer_logits = speculators_logits(peer, feats, tokens)  # the weights just saved
+    peer_logits = speculators_step_logits(peer, feats, tokens)  # the weights just saved
 
     read = read_drafter(tmp_path / "peer", tiny_target)
     assert read.layout.name == "speculators"
     reference = reference_model(read.tensors, read.config, read.target)
     assert_same_steps(reference, peer_logits, feats, tokens)
     out = tmp_path / "peer.gguf"
-    convert(tmp_path / "peer", tiny_target, out, outtype="f32", **quiet)
+    report = convert(tmp_path / "peer", tiny_target, out, outtype="f32", verify=True, **quiet)
     c = verify_drafter(out, tiny_target, reference)  # llama.cpp against the same reference
     assert c.relative_error <= TOLERANCE["f32"] and c.top1_agreement == 1.0
+    assert report.verify["ok"] and report.verify["peer"]["library"].startswith("speculators")
+    assert report.verify["peer"]["ok"]
+
+
+def test_verify_catches_a_misread_flag_with_the_peers_forward(tiny_target, tmp_path, capsys):
+    """A self-consistency check passes a misread norm_output; speculators' own forward does not."""
+    from edge_eagle.cli import main
+
+    target = read_gguf(tiny_target)
+    d2t = np.sort(np.random.default_rng(1).choice(target.vocab_size, 256, replace=False)).astype(np.int64)
+    model = init_model(target, (2, 4, 5), d2t, TrainOptions(draft_vocab=256, eagle31=True))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ckpt = save_checkpoint(model, tmp_path / "ckpt", target, {})
+    base = ["convert", str(ckpt), "--target", str(tiny_target), "--outtype", "f32", "--verify"]
+    assert main(base + ["-o", str(tmp_path / "right.gguf")]) == 0
+    assert "own forward" in capsys.readouterr().err
+    assert main(base + ["-o", str(tmp_path / "wrong.gguf"), "--norm-output", "head-only"]) == 1
+    err = capsys.readouterr().err
+    assert "reads this checkpoint differently from speculators" in err
