@@ -128,3 +128,48 @@ def test_verify_catches_a_misread_flag_with_the_peers_forward(tiny_target, tmp_p
     assert main(base + ["-o", str(tmp_path / "wrong.gguf"), "--norm-output", "head-only"]) == 1
     err = capsys.readouterr().err
     assert "reads this checkpoint differently from speculators" in err
+
+
+@pytest.mark.parametrize("reading", ["head-only", "feedback"])
+def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, tmp_path):
+    """SpecForge 0.2.0's own draft class and save_pretrained (output-of-layer aux ids under
+    eagle_config, fc_norm, norm_output: true): the converter's reading matches SpecForge's own
+    forward at the first chain step, where both readings of norm_output agree (they part from
+    the second step on, which is why an explicit norm_output is refused without --norm-output)."""
+    sf = pytest.importorskip("specforge.modeling.draft.llama3_eagle", reason="specforge==0.2.0 is not installed")
+    from transformers import LlamaConfig
+
+    target = read_gguf(tiny_target)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=1, vocab_size=target.vocab_size, rms_norm_eps=1e-5,
+                      max_position_embeddings=2048)
+    cfg.draft_vocab_size, cfg.target_hidden_size, cfg.fc_norm, cfg.norm_output = 512, 64, True, True
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}  # SpecForge: outputs of layers 1, 3, 4
+    cfg.architectures = ["LlamaForCausalLMEagle3"]
+    torch.manual_seed(4)
+    peer = sf.LlamaForCausalLMEagle3(cfg).eval()
+    with torch.no_grad():
+        for _, p in peer.named_parameters():
+            p.copy_((1.0 + 0.2 * torch.randn_like(p)) if p.dim() == 1 else 0.1 * torch.randn_like(p))
+        d2t = np.sort(np.random.default_rng(5).choice(target.vocab_size, 512, replace=False))
+        peer.d2t.copy_(torch.from_numpy(d2t - np.arange(512)))
+        peer.t2d.zero_()
+        peer.t2d[torch.from_numpy(d2t)] = True
+    peer.save_pretrained(str(tmp_path / "sf"))
+    feats, tokens = sequence
+    n = len(tokens)
+    with torch.no_grad():  # SpecForge's own step: project, backbone, compute_logits
+        g = peer.project_hidden_states(feats[None])
+        mask = peer.prepare_decoder_attention_mask(attention_mask=torch.ones(1, n, dtype=torch.bool), hidden_states=g,
+                                                   batch_size=1, seq_length=n, past_key_values_length=0)
+        h = peer.backbone(input_embeds=peer.embed_input_ids(tokens[None]), hidden_states=g, cache_hidden=None,
+                          attention_mask=mask, position_ids=torch.arange(n)[None], past_key_values=None)
+        theirs = peer.compute_logits(h)[0]
+    read = read_drafter(tmp_path / "sf", tiny_target, norm_output=reading)
+    assert read.layout.name == "eagle3.1" and read.config.target_layers == (2, 4, 5) and read.config.fc_norm
+    ref = reference_model(read.tensors, read.config, read.target)
+    with torch.no_grad():
+        ours = ref.draft_logits(ref.layer(tokens[None], ref.encode(feats[None]), torch.arange(n)[None]))[0]
+    assert float((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5
+    with pytest.raises(Exception, match="PR #879"):
+        read_drafter(tmp_path / "sf", tiny_target)  # the version-dependent flag is not guessed
