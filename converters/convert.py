@@ -328,9 +328,9 @@ def convert(src: str | os.PathLike[str], target: str | os.PathLike[str], out: st
         log(f"verify: llama.cpp vs edge-eagle's reading: max abs logit error {v['max_abs_error']:.3g} (relative "
             f"{v['relative_error']:.3g}, tolerance {v['tolerance']}), top-1 agreement {v['top1_agreement']:.1%}")
         peer = v["peer"]
-        if peer is None:
-            log(f"verify: only a self-consistency check ran (no importable library reads the {layout.name} layout "
-                "here, so a misread config flag would not show)")
+        if peer is None or not peer["ran"]:
+            why = peer["why"] if peer else f"no importable library reads the {layout.name} layout here"
+            log(f"verify: only a self-consistency check ran ({why}), so a misread config flag would not show")
         else:
             log(f"verify: edge-eagle's reading vs {peer['library']}'s own forward, {peer['steps']} steps: relative "
                 f"error {peer['relative_error']:.3g} (tolerance {peer['tolerance']}), top-1 agreement "

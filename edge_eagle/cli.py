@@ -145,7 +145,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                           else "EAGLE-3", "target_layers": list(report.config.target_layers),
                           "assumptions": report.assumptions, "verify": report.verify}))
     v = report.verify
-    if v is not None and v["peer"] is not None and not v["peer"]["ok"]:
+    if v is not None and v["peer"] is not None and v["peer"]["ran"] and not v["peer"]["ok"]:
         print(f"edge-eagle: verification failed: edge-eagle reads this checkpoint differently from "
               f"{v['peer']['library']} (relative logit error {v['peer']['relative_error']:.3g}); check --format "
               "and the config flags, and report the checkpoint.", file=sys.stderr)

@@ -87,10 +87,14 @@ def check_with_peer(src_dir: str | os.PathLike[str], layout: str, reference: Any
         return None
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    peer = Eagle3DraftModel.from_pretrained(os.fspath(src_dir)).eval()
+    try:
+        peer = Eagle3DraftModel.from_pretrained(os.fspath(src_dir)).eval()
+    except Exception as e:  # noqa: BLE001 - a checkpoint the library cannot load is no misread of ours
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return {"library": library, "ran": False, "why": f"{library} could not load it ({why})", "ok": True}
     feats, tokens = sequence_features(target_path, reference.cfg.target_layers)
     out = compare_steps(reference, speculators_step_logits(peer, feats, tokens), feats, tokens)
-    return {"library": library, "steps": STEPS, "tolerance": TOLERANCE, **out}
+    return {"library": library, "ran": True, "steps": STEPS, "tolerance": TOLERANCE, **out}
 
 
 __all__ = ["check_with_peer", "compare_steps", "peer_library", "sequence_features", "speculators_step_logits"]

@@ -111,6 +111,9 @@ def test_cli_convert_verify_json_and_upstream_loadability(checkpoints, tiny_targ
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["layout"] == "speculators" and info["verify"]["ok"]
+    # this fixture's config.json is not one speculators itself loads: said, and no misread claimed
+    peer = info["verify"]["peer"]
+    assert peer is None or (peer["ran"] is False and "could not load" in peer["why"])
     assert any("norm_before_residual" in a for a in info["assumptions"])
     # plain llama-cpp-python, no edge_eagle import: load, encode a feature row, decode a row
     script = textwrap.dedent(f"""
