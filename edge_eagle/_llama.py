@@ -134,7 +134,6 @@ class Memory:
         C.llama_memory_clear(self._mem, True)
 
 
-
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str) -> None:
     """llama.cpp's own quantizer: write `src` as `dst` with file type `ftype` (e.g. "Q4_0")."""
     init_backend()

@@ -80,7 +80,7 @@ class KController:
 
     def speedup(self, k: int) -> float:
         assert self.acceptance is not None
-        return predicted_speedup(self.acceptance.expected_tokens(k), k, self.costs.c(k + 1), self.costs.d()) if k else 1.0
+        return predicted_speedup(self.acceptance.expected_tokens(k), k, self.costs.c(k + 1), self.costs.d())
 
     def best_k(self) -> int:
         """argmax_k E(k)/C(k); plain decoding unless the best beats it by `margin`."""

@@ -15,6 +15,7 @@ Override with ``EDGE_EAGLE_REPACK=auto|on|off``, ``repack=`` in the API or ``--r
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,7 @@ def decide_repack(mode: str, extra_bufts: list[str], weights_on_cpu: bool) -> Re
 
 def weights_on_cpu(n_gpu_layers: int, n_layer: int | None) -> bool:
     """Whether some matmul weights of a model stay on the CPU."""
-    if not any(d["type"] in ("gpu", "igpu") for d in devices()):
+    if not _has_gpu():
         return True
     if n_gpu_layers < 0:
         return False
@@ -113,25 +114,42 @@ def _cpu_device() -> Any:
     g = _lib()
     for i in range(g.ggml_backend_dev_count()):
         dev = g.ggml_backend_dev_get(i)
-        if _DEV_TYPES.get(g.ggml_backend_dev_type(dev)) == "cpu":
+        if _device_type(g, dev) == "cpu":
             return dev
     return None
 
 
+def _device_type(g: Any, dev: Any) -> str:
+    return _DEV_TYPES.get(g.ggml_backend_dev_type(dev), "unknown")
+
+
+@functools.lru_cache(maxsize=None)
+def _has_gpu() -> bool:
+    """A GPU device is registered (fixed for the life of the process, so asked once)."""
+    g = _lib()
+    return any(_device_type(g, g.ggml_backend_dev_get(i)) in ("gpu", "igpu") for i in range(g.ggml_backend_dev_count()))
+
+
 def cpu_extra_buffer_types() -> list[str]:
     """Names of the CPU device's extra buffer types in this build on this CPU, in llama.cpp's order."""
+    return list(_cpu_extra_buffer_types())
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_extra_buffer_types() -> tuple[str, ...]:
+    # fixed for the life of the process: asked once, not on every model load or upstream run
     g, dev = _lib(), _cpu_device()
     if dev is None:
-        return []
+        return ()
     fn = g.ggml_backend_reg_get_proc_address(g.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
     if not fn:
-        return []
+        return ()
     arr = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(dev)
     names, i = [], 0
     while arr and arr[i]:
         names.append(g.ggml_backend_buft_name(arr[i]).decode())
         i += 1
-    return names
+    return tuple(names)
 
 
 def backend_features() -> dict[str, dict[str, str]]:
@@ -165,32 +183,30 @@ def devices() -> list[dict[str, Any]]:
         g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         out.append({"name": g.ggml_backend_dev_name(dev).decode(),
                     "description": (g.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
-                    "type": _DEV_TYPES.get(g.ggml_backend_dev_type(dev), "unknown"),
+                    "type": _device_type(g, dev),
                     "memory_total_mib": round(total.value / 2**20), "memory_free_mib": round(free.value / 2**20)})
     return out
 
 
-def cpu_flags() -> set[str]:
-    """The kernel's CPU flags (Linux); empty elsewhere."""
+def _cpuinfo(key: str) -> str | None:
+    """The first /proc/cpuinfo value for `key` (Linux); None elsewhere."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The kernel's CPU flags (Linux); empty elsewhere."""
+    return set((_cpuinfo("flags") or "").split())
+
+
+def cpu_name() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 @dataclass
