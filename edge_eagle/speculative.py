@@ -27,21 +27,34 @@ DRAFT, TARGET = "draft", "target"
 def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_tokens: int,
               policy: DraftPolicy, sampler: Sampler, stats: SpecStats,
               p_min: float = 0.0) -> Iterator[tuple[list[int], list[str]]]:
-    """Yield (new tokens, their origins) per step until max_tokens tokens were produced."""
+    """Yield (new tokens, their origins) per step until max_tokens tokens were produced.
+
+    Prompt cache: the target's KV keeps the longest common prefix with what it held, and only
+    the rest is prefilled (at least the last prompt token, for its logits; with a feature
+    drafter one more, whose features the drafter's next row needs). The drafter keeps its rows
+    for that prefix when they were computed for the same tokens (drafter.keep)."""
     wants_features = drafter.needs_features
-    target.memory.clear()
     target.set_capture(drafter.target_layers if wants_features else ())
-    drafter.reset()
+    start = min(target.memory.common_prefix(prompt), len(prompt) - 1)
+    if wants_features:
+        start = max(0, start - 1)
+    if start > 0:
+        target.memory.remove_from(start)
+        drafter.keep(prompt, start)
+    else:
+        target.memory.clear()
+        drafter.reset()
     choose = None if sampler.params.greedy else sampler.draft  # sampled drafts carry their q
 
     t0 = perf_counter()
-    res = target.prefill(prompt)
+    res = target.prefill(prompt[start:], start)
     first = sampler.sample(res.logits[-1])
     stats.t_prefill = perf_counter() - t0
     stats.prompt_tokens = len(prompt)
+    stats.prompt_cached = start
     t_start = perf_counter()
     if wants_features:
-        drafter.ingest(res.features, 0, prompt)
+        drafter.ingest(res.features, start, prompt[start:])
     stats.t_draft += perf_counter() - t_start
     stats.t_total = perf_counter() - t_start
     seq, n_past, produced = list(prompt) + [first], len(prompt), 1

@@ -23,6 +23,7 @@ class SpecStats:
     k_history: list[int] = field(default_factory=list)  # draft length of each step
     generated: int = 0  # tokens emitted
     prompt_tokens: int = 0
+    prompt_cached: int = 0  # prompt tokens whose KV was reused from the previous request (not prefilled)
     t_prefill: float = 0.0
     t_verify: float = 0.0  # target decodes after prefill
     t_draft: float = 0.0  # drafter work (ingest, encode, chain)
@@ -84,6 +85,7 @@ class SpecStats:
         self.k_history.extend(other.k_history)
         self.generated += other.generated
         self.prompt_tokens += other.prompt_tokens
+        self.prompt_cached += other.prompt_cached
         for name in ("t_prefill", "t_verify", "t_draft", "t_total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -112,6 +114,8 @@ class SpecStats:
             "k_last": self.k_last,
             "generated_tokens": self.generated,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_cached_tokens": self.prompt_cached,
+            "prompt_prefilled_tokens": self.prompt_tokens - self.prompt_cached,
             "tokens_per_second": round(self.tokens_per_second, 3),
             "time_s": {
                 "prefill": round(self.t_prefill, 5),

@@ -33,11 +33,13 @@ class DecodeResult:
 
 
 class Target:
-    """A target GGUF loaded in llama.cpp, sequence 0 only."""
+    """A target GGUF loaded in llama.cpp. decode()/prefill() run sequence 0; decode_seqs() runs
+    several independent sequences in one batch (n_seq > 1: one KV stream per sequence, each of
+    n_ctx tokens)."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, capture: str = "auto",
-                 gguf: GGUFFile | None = None, repack: str | None = None):
+                 gguf: GGUFFile | None = None, repack: str | None = None, n_seq: int = 1):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
         if self.gguf.arch == K.EAGLE3:
@@ -63,8 +65,10 @@ class Target:
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
-        fields: dict[str, Any] = dict(n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                      n_threads=threads, n_threads_batch=threads, no_perf=True)
+        self.n_seq = n_seq
+        fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
+                                      n_threads=threads, n_threads_batch=threads, no_perf=True,
+                                      n_seq_max=n_seq, kv_unified=False)
         if self.capture_path == "callback":
             self._cb_keepalive = B.eval_callback_type(self._eval_callback)
             fields["cb_eval"] = self._cb_keepalive
@@ -76,6 +80,7 @@ class Target:
         self._out = np.ctypeslib.as_array(ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)),
                                           shape=(n_batch,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
+        self._seq_rows = 0  # rows of the batch whose seq_id decode_seqs() changed from 0
         for i in range(n_batch):
             self._batch.seq_id[i][0] = 0
         self.eos = int(C.llama_vocab_eos(self.vocab))
@@ -132,8 +137,8 @@ class Target:
 
     # --- decoding ----------------------------------------------------------------------
 
-    def decode(self, tokens: Sequence[int], pos0: int, logits: str = "last") -> DecodeResult:
-        """Decode tokens at positions pos0.. in one batch (n <= n_batch).
+    def decode(self, tokens: Sequence[int], pos0: int, logits: str = "last", seq: int = 0) -> DecodeResult:
+        """Decode tokens at positions pos0.. of sequence `seq` in one batch (n <= n_batch).
 
         logits: "last" for the last row only, "all" for every row.
         """
@@ -143,24 +148,63 @@ class Target:
         if pos0 + n > self.n_ctx:
             raise EdgeEagleError(f"The context window ({self.n_ctx} tokens) is full; start a new chat or "
                                  "raise n_ctx.")
+        if seq or self._seq_rows:
+            if not 0 <= seq < self.n_seq:
+                raise ValueError(f"sequence {seq} outside 0..{self.n_seq - 1}")
+            for i in range(max(n, self._seq_rows)):
+                self._batch.seq_id[i][0] = seq if i < n else 0
+            self._seq_rows = n if seq else 0
         self._tok[:n] = tokens
         self._pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
         self._out[:n] = 1 if logits == "all" else 0
         self._out[n - 1] = 1
+        res = self._run(n, n if logits == "all" else 1)
+        if seq == 0:
+            held = self.memory.tokens
+            if len(held) == pos0:
+                held.extend(tokens)
+            else:  # not a continuation: what sequence 0 holds is no longer known token by token
+                held.clear()
+        return res
+
+    def _run(self, n: int, n_out: int) -> DecodeResult:
         self._batch.n_tokens = n
         rc = C.llama_decode(self.ctx, self._batch)
         if rc != 0:
             raise EdgeEagleError(f"llama_decode failed with code {rc}; the context may be full, start a new chat.")
-        n_out = n if logits == "all" else 1
         rows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab))
         return DecodeResult(rows, self._features(n))
 
-    def prefill(self, tokens: Sequence[int], pos0: int = 0) -> DecodeResult:
+    def decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> DecodeResult:
+        """One token for each of several sequences in one batch, logits for every row.
+
+        seqs must be strictly increasing: llama.cpp splits a multi-stream batch into
+        micro-batches of consecutive sequence ids and writes captured layer inputs in
+        micro-batch order, which equals batch order only then."""
+        n = len(tokens)
+        if not 0 < n <= min(self.n_batch, self.n_seq) or len(positions) != n or len(seqs) != n:
+            raise ValueError(f"decode_seqs takes 1..{min(self.n_batch, self.n_seq)} rows with a position and a "
+                             "sequence each")
+        if any(b <= a for a, b in zip(seqs, seqs[1:])) or seqs[0] < 0 or seqs[-1] >= self.n_seq:
+            raise ValueError(f"decode_seqs needs increasing sequence ids in 0..{self.n_seq - 1}, got {list(seqs)}")
+        if max(positions) >= self.n_ctx:
+            raise EdgeEagleError(f"The context window ({self.n_ctx} tokens) is full; raise n_ctx.")
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        self._out[:n] = 1
+        for i, s in enumerate(seqs):
+            self._batch.seq_id[i][0] = int(s)
+        self._seq_rows = max(self._seq_rows, n)
+        if seqs[0] == 0:
+            self.memory.tokens.clear()  # sequence 0 took part: no longer known token by token
+        return self._run(n, n)
+
+    def prefill(self, tokens: Sequence[int], pos0: int = 0, seq: int = 0) -> DecodeResult:
         """Decode a long prompt in n_batch chunks; logits of the last token, features of all."""
         feats = []
         res = None
         for i in range(0, len(tokens), self.n_batch):
-            res = self.decode(tokens[i:i + self.n_batch], pos0 + i, "last")
+            res = self.decode(tokens[i:i + self.n_batch], pos0 + i, "last", seq)
             if res.features is not None:
                 feats.append(res.features.copy())
         assert res is not None

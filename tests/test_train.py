@@ -112,10 +112,12 @@ def test_checkpoint_round_trips_through_convert_into_the_runtime(features, tiny_
     assert c.relative_error < 2e-3 and c.top1_agreement == 1.0
 
 
-def test_cli_train_runs_the_whole_pipeline(tiny_target, corpus, tmp_path, capsys):
-    """extract -> train -> convert from one command; a second run resumes the feature cache."""
+def test_cli_train_runs_the_whole_pipeline(tiny_target, corpus, tmp_path, capsys, monkeypatch):
+    """extract -> train -> convert from one command; a second run resumes the feature cache,
+    which lives in the user cache directory by default."""
     import json
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     from edge_eagle.cli import main
     from edge_eagle.gguf_file import read_gguf
 
@@ -131,3 +133,138 @@ def test_cli_train_runs_the_whole_pipeline(tiny_target, corpus, tmp_path, capsys
     assert summary["steps"] == 2
     g = read_gguf(out)
     assert g.arch == "eagle3" and list(g.meta["eagle3.target_layers"]) == [2, 4, 5]
+    cached = list((tmp_path / "cache" / "edge-eagle" / "features").glob("*/manifest.json"))
+    assert len(cached) == 1 and first["features"] == str(cached[0].parent)
+
+
+def test_batched_regeneration_equals_one_sequence_at_a_time(tiny_target, corpus):
+    """extract_many regenerates several answers in one llama.cpp batch (one KV stream each):
+    the tokens, captured features, labels and masks are those of extract_one."""
+    from edge_eagle.train.data import iter_jsonl, training_examples
+    from edge_eagle.train.extract import extract_many, extract_one
+
+    convs = list(training_examples(iter_jsonl(corpus)))[:7]
+    one = Target(tiny_target, n_ctx=160)
+    many = Target(tiny_target, n_ctx=160, n_seq=3)
+    for t in (one, many):
+        t.set_capture((2, 4, 5))
+    try:
+        ref = {i: extract_one(one, c, regenerate=True, max_prompt=64, max_new=24, topk=8) for i, c in enumerate(convs)}
+        got = dict(extract_many(many, enumerate(convs), regenerate=True, max_prompt=64, max_new=24, topk=8))
+    finally:
+        one.close()
+        many.close()
+    assert got.keys() == ref.keys() and sum(s is not None for s in got.values()) >= 6
+    for i, r in ref.items():
+        s = got[i]
+        np.testing.assert_array_equal(s.tokens, r.tokens)
+        np.testing.assert_array_equal(s.mask, r.mask)
+        np.testing.assert_array_equal(s.top_ids[s.mask], r.top_ids[r.mask])
+        n = len(s.tokens) - 1  # the last token is never decoded, its row is not used
+        np.testing.assert_allclose(s.feats[:n].astype(np.float32), r.feats[:n].astype(np.float32), atol=2e-2)
+
+
+def test_parallel_extraction_resumes_without_losing_or_repeating_a_conversation(tiny_target, corpus, tmp_path):
+    """Answers finish out of order; an interrupted run resumes at exactly the unfinished ones."""
+    from edge_eagle.train.data import iter_jsonl
+    from edge_eagle.train.extract import extract
+
+    def sequences(out: Path) -> list[tuple]:
+        m = json.loads((out / "manifest.json").read_text())
+        seqs = []
+        for name in m["shards"]:
+            with np.load(out / name) as z:
+                st = z["starts"]
+                seqs += [tuple(z["tokens"][a:b]) for a, b in zip(st[:-1], st[1:])]
+        return seqs
+
+    t = Target(tiny_target, n_ctx=200, n_seq=4)
+    try:
+        kw = dict(regenerate=True, max_new=40, shard_tokens=60, progress=False)
+        whole = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "whole", max_tokens=10**6, **kw)
+        part = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "part", max_tokens=250, **kw)
+        assert part["conversations_seen"] + len(part["done_beyond"]) < whole["conversations_seen"]
+        resumed = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "part", max_tokens=10**6, **kw)
+    finally:
+        t.close()
+    assert resumed["conversations_seen"] == whole["conversations_seen"] == 17 and resumed["done_beyond"] == []
+    a, b = sequences(tmp_path / "whole"), sequences(tmp_path / "part")
+    assert len(b) == len(set(b)) and sorted(a) == sorted(b)
+
+
+def test_training_resumes_exactly_where_it_stopped(features, tiny_target, tmp_path, monkeypatch):
+    """An interrupted run continued with resume=True ends with the weights of an uninterrupted one,
+    and the history carries the held-out simulated acceptance."""
+    import edge_eagle.train.pipeline as P
+    from edge_eagle.train import train
+
+    opts = TrainOptions(steps=8, ttt_steps=2, batch_rows=256, draft_vocab=256, lr=3e-3, warmup=2, save_every=3,
+                        eval_every=4, heldout=2)
+    train(features, tiny_target, tmp_path / "whole", opts, progress=False)
+    real, calls = P.ttt_loss, []
+
+    def stop_at_seventh(*a, **k):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(P, "ttt_loss", stop_at_seventh)
+    with pytest.raises(KeyboardInterrupt):
+        train(features, tiny_target, tmp_path / "part", opts, progress=False)
+    monkeypatch.setattr(P, "ttt_loss", real)
+    assert torch.load(tmp_path / "part" / P.STATE, weights_only=False)["step"] == 6
+    summary = train(features, tiny_target, tmp_path / "part", opts, progress=False, resume=True, log=lambda m: None)
+    assert summary["steps"] == 8
+    from safetensors.torch import load_file
+
+    w1, w2 = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "part" / "model.safetensors")
+    for name in w1:
+        torch.testing.assert_close(w1[name], w2[name], rtol=0, atol=1e-6)
+    hist = json.loads((tmp_path / "part" / "train_history.json").read_text())
+    assert [h["step"] for h in hist] == list(range(1, 9))
+    evals = [h["heldout"] for h in hist if "heldout" in h]
+    assert len(evals) == 2 and all(1.0 <= e["tau"] <= 3.0 and e["seeds"] > 0 for e in evals)
+    with pytest.raises(Exception, match="nothing to resume"):
+        train(features, tiny_target, tmp_path / "none", opts, progress=False, resume=True)
+
+
+def test_simulated_acceptance_counts_chains_of_matching_drafts():
+    """The held-out signal: a chain seeded at P accepts draft s when rows P..P+s all match."""
+    from edge_eagle.train import pipeline as P
+
+    class Fake(torch.nn.Module):  # drafts the token in column 0 of its input state
+        def __init__(self):
+            super().__init__()
+            self.d2t = torch.arange(4)
+
+        def draft_logits(self, h):
+            return torch.nn.functional.one_hot(h[..., 0].long(), 4).float()
+
+    truth = torch.tensor([[1, 2, 3, 0, 1, 2]])
+    drafts = [torch.tensor([[1, 2, 0, 0, 1, 2]]), torch.tensor([[3, 2, 3, 0, 0, 2]])]  # step 0, step 1
+    batch = type("B", (), {})()
+    batch.feats = torch.zeros(1, 6, 1)
+    batch.tokens = torch.zeros(1, 6, dtype=torch.long)
+    batch.pos = torch.arange(6)[None]
+    batch.label_ids = truth[..., None]
+    batch.valid = torch.ones(1, 6, dtype=torch.bool)
+
+    class Data:
+        def batches(self, rows, rng):
+            yield batch
+
+    orig = P.__dict__.get("ttt_states")
+    import edge_eagle.train.ttt as T
+
+    saved = T.ttt_states
+    T.ttt_states = lambda model, f, t, p, steps: iter([d[..., None].float() for d in drafts[:steps]])
+    try:
+        got = P.simulated_acceptance(Fake(), Data(), 2)
+    finally:
+        T.ttt_states = saved
+    assert orig is None
+    # step 0 matches at rows 0,1,3,4,5 (5 of 6 seeds); step 1 of seed P is row P+1:
+    # seed 0 -> row1 ok, seed 1 -> row2 ok, seed 3 -> row4 no (0 != 1), seed 4 -> row5 ok, seed 5 -> none
+    assert got["seeds"] == 6 and got["tau"] == round(1 + (5 + 3) / 6, 4)
+    assert got["per_position_acceptance"] == [round(5 / 6, 4), round(3 / 5, 4)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..errors import EdgeEagleError
 
@@ -85,3 +85,18 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[Conversation]:
 
 def conversations(source: str) -> Iterator[Conversation]:
     return iter_sharegpt() if source == "sharegpt" else iter_jsonl(source)
+
+
+def training_examples(convs: Iterable[Conversation], turns: str = "first") -> Iterator[Conversation]:
+    """Each conversation cut so that it ends with the answer to learn: at its first assistant
+    turn ("first"), or once per assistant turn, each with the conversation before it ("all").
+    Conversations without an assistant turn (a prompt to answer) and text records pass whole."""
+    if turns not in ("first", "all"):
+        raise EdgeEagleError(f"Unknown turns '{turns}'; use first or all.")
+    for conv in convs:
+        ends = [i for i, t in enumerate(conv) if t["role"] == "assistant"]
+        if conv[0]["role"] == "text" or not ends:
+            yield conv
+            continue
+        for end in ends[:1] if turns == "first" else ends:
+            yield conv[:end + 1]

@@ -38,6 +38,9 @@ class TrainOptions:
     device: str = "cpu"
     seed: int = 0
     hf_target: str | None = None  # the checkpoint's verifier for speculators (None: a folder beside it)
+    eval_every: int = 50  # steps between simulated-acceptance evaluations on the held-out slice (0: never)
+    heldout: int = 48  # sequences held out of training for that evaluation
+    save_every: int = 50  # steps between training-state saves (what --resume continues from)
 
 
 def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
@@ -169,8 +172,51 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target: GGUFFile, meta: d
     return out
 
 
+STATE = "train_state.pt"  # beside the checkpoint: model, optimizer, scheduler, data position
+
+
+def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, batch_rows: int = 4096) -> dict:
+    """Greedy acceptance the drafter would get on `data` (held-out sequences of the target's own
+    greedy answers), from its training-time-test states: a chain seeded at row P accepts its
+    s-th draft when the drafts at rows P..P+s all equal the target's greedy token. Exact for
+    regenerated data (the chain's inputs are then the true tokens), cheap (no llama.cpp)."""
+    from .ttt import ttt_states
+
+    model.eval()
+    total_len, seeds = 0.0, 0
+    accepted_at = np.zeros(steps)
+    with torch.no_grad():
+        for batch in data.batches(batch_rows, np.random.default_rng(0)):
+            greedy = batch.label_ids[..., 0]  # draft id of the target's greedy token (-1: outside the vocab)
+            match = [(model.draft_logits(h).argmax(-1) == greedy) & batch.valid
+                     for h in ttt_states(model, batch.feats, batch.tokens, batch.pos, steps)]
+            B, T = batch.tokens.shape
+            run = torch.ones(B, T, dtype=torch.bool)
+            valid = batch.valid
+            for s, m in enumerate(match):  # the chain seeded at P drafts step s at row P + s
+                shifted = torch.zeros(B, T, dtype=torch.bool)
+                if s < T:
+                    shifted[:, :T - s] = m[:, s:]
+                run = run & shifted
+                accepted_at[s] += float(run[valid].sum())
+            seeds += int(valid.sum())
+    model.train()
+    if not seeds:
+        return {"tau": 0.0, "per_position_acceptance": [], "seeds": 0}
+    per_pos = [accepted_at[s] / seeds if s == 0 else (accepted_at[s] / accepted_at[s - 1] if accepted_at[s - 1] else 0.0)
+               for s in range(steps)]
+    return {"tau": round(1.0 + float(accepted_at.sum()) / seeds, 4),
+            "per_position_acceptance": [round(float(x), 4) for x in per_pos], "seeds": seeds}
+
+
 def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
-          log=print) -> dict[str, Any]:
+          log=print, resume: bool = False) -> dict[str, Any]:
+    """Train a drafter on cached features and save it to `out` (speculators layout).
+
+    Every opts.save_every steps the whole training state goes to out/train_state.pt; with
+    resume, training continues from there (same model, optimizer, schedule and position in
+    the data), so a run can be stopped and continued. Every opts.eval_every steps the
+    simulated acceptance on a held-out slice is printed and kept in the history."""
     manifest_path = features_dir / MANIFEST
     if not manifest_path.is_file():
         raise EdgeEagleError(f"{features_dir} holds no extracted features; run extraction first.")
@@ -185,23 +231,55 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
     t2d_index = np.full(target.vocab_size, -1, np.int64)
     t2d_index[d2t] = np.arange(len(d2t))
     data = FeatureData(shards, t2d_index)
+    heldout = data.split(opts.heldout) if opts.eval_every and opts.heldout else None
     model = init_model(target, layers, d2t, opts).to(opts.device)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup) *
                                               0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps))))
     rng = np.random.default_rng(opts.seed)
+    history: list[dict[str, Any]] = []
+    step, epoch, skip, wall_before = 0, 0, 0, 0.0
+    state_path = out / STATE
+    if resume:
+        if not state_path.is_file():
+            raise EdgeEagleError(f"{state_path} does not exist, so there is nothing to resume; run without --resume.")
+        state = torch.load(state_path, map_location=opts.device, weights_only=False)
+        if state["d2t"] != d2t.tolist() or state["features_tokens"] != manifest["tokens"]:
+            raise EdgeEagleError(f"{state_path} was trained on other features or another draft vocabulary; resume "
+                                 "with the same --features and --draft-vocab, or start a new --out.")
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        sched.load_state_dict(state["sched"])
+        step, epoch, skip = state["step"], state["epoch"] - 1, state["batches_in_epoch"]
+        rng.bit_generator.state = state["rng_epoch_start"]
+        history, wall_before = state["history"], state["wall_time_s"]
+        log(f"resuming at step {step} of {opts.steps} (epoch {epoch + 1})")
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=opts.steps, desc="train", unit="step")
-    history: list[dict[str, Any]] = []
+        bar = tqdm(total=opts.steps, initial=min(step, opts.steps), desc="train", unit="step")
     t0 = time.time()
-    step, epoch = 0, 0
+    last_eval: dict[str, Any] | None = None
+
+    def save_state(batches_in_epoch: int, rng_epoch_start: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        state = {"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
+                 "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
+                 "rng_epoch_start": rng_epoch_start, "history": history, "d2t": d2t.tolist(),
+                 "features_tokens": manifest["tokens"], "wall_time_s": wall_before + time.time() - t0,
+                 "options": asdict(opts)}
+        with atomic_path(state_path) as tmp:
+            torch.save(state, tmp)
+
     while step < opts.steps:
         epoch += 1
-        for batch in data.batches(opts.batch_rows, rng):
+        rng_epoch_start = copy_rng_state(rng)
+        for n_batch, batch in enumerate(data.batches(opts.batch_rows, rng), 1):
+            if skip:  # resuming inside an epoch: its first batches were already trained on
+                skip -= 1
+                continue
             batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
             loss, losses, accs = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
             optim.zero_grad(set_to_none=True)
@@ -210,15 +288,25 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
             optim.step()
             sched.step()
             step += 1
-            history.append({"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs})
+            record: dict[str, Any] = {"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
+            if heldout is not None and (step % opts.eval_every == 0 or step == opts.steps):
+                last_eval = simulated_acceptance(model, heldout, opts.ttt_steps)
+                record["heldout"] = last_eval
+            history.append(record)
             if bar is not None:
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{accs[0]:.2f}", top1_last=f"{accs[-1]:.2f}")
+                post = {"loss": f"{float(loss.detach()):.3f}", "top1": f"{accs[0]:.2f}",
+                        "top1_last": f"{accs[-1]:.2f}"}
+                if last_eval is not None:
+                    post["sim_tau"] = f"{last_eval['tau']:.3f}"
+                bar.set_postfix(post)
                 bar.update(1)
+            if opts.save_every and (step % opts.save_every == 0 or step >= opts.steps):
+                save_state(n_batch, rng_epoch_start)
             if step >= opts.steps:
                 break
     if bar is not None:
         bar.close()
-    wall = time.time() - t0
+    wall = wall_before + time.time() - t0
     tail = history[-max(1, len(history) // 10):]
     summary = {
         "steps": step, "epochs": epoch, "wall_time_s": round(wall, 1), "train_rows": data.n_rows,
@@ -226,9 +314,16 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
         "final_loss": float(np.mean([h["loss"] for h in tail])),
         "final_top1_per_step": np.mean([h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps], 0).round(4).tolist()
         if any(len(h["top1"]) == opts.ttt_steps for h in tail) else [],
+        "heldout": last_eval,
         "target": target.path.name, "layers": list(layers),
     }
     model.cpu()
     save_checkpoint(model, out, target, summary, hf_target=opts.hf_target)
     atomic_write(out / "train_history.json", json.dumps(history))
     return summary
+
+
+def copy_rng_state(rng: np.random.Generator) -> dict:
+    import copy
+
+    return copy.deepcopy(rng.bit_generator.state)

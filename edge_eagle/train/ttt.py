@@ -50,6 +50,18 @@ class FeatureData:
                     continue
                 self.seqs.append({k: arrays[k][a:b].copy() for k in keys})
 
+    def split(self, n: int) -> "FeatureData":
+        """Move every k-th sequence (n of them, spread over the data) into a new held-out set."""
+        n = min(n, len(self.seqs) // 10)
+        held = FeatureData([], self.t2d)
+        if n <= 0:
+            return held
+        stride = len(self.seqs) // n
+        picked = set(range(stride - 1, stride * n, stride))
+        held.seqs = [s for i, s in enumerate(self.seqs) if i in picked]
+        self.seqs = [s for i, s in enumerate(self.seqs) if i not in picked]
+        return held
+
     @property
     def n_rows(self) -> int:
         return sum(int(s["mask"][1:].sum()) for s in self.seqs)
