@@ -206,6 +206,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .api import EdgeEagle
+    from .server import ServerOptions, create_app
+
+    if args.max_queue < 0:
+        raise EdgeEagleError("--max-queue must be 0 or more; pass e.g. --max-queue 8.")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"edge-eagle: serving on {args.host} without --api-key: anyone who can reach this port can use it.",
+              file=sys.stderr)
+    with EdgeEagle(args.target, args.drafter, k=args.k, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
+                   n_threads=args.threads) as ee:
+        app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
+                                           cors_origins=tuple(args.cors_origin or ()), k=args.k))
+        print(f"edge-eagle: serving {app.state.model_id} with drafter "
+              f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1",
+              file=sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
@@ -234,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--temp", type=float, default=0.0)
     ch.add_argument("--p-min", type=float, default=0.0)
     ch.set_defaults(func=cmd_chat)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, streaming, metrics)")
+    _add_model_args(sv)
+    sv.add_argument("--k", type=_k_arg, default="auto", help="draft length or 'auto' (default)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    sv.add_argument("--cors-origin", action="append", help="allow browser requests from this origin (repeatable)")
+    sv.add_argument("--max-queue", type=int, default=8,
+                    help="requests that may wait behind the running one; more get 503 (default 8)")
+    sv.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert an EAGLE-3 / EAGLE-3.1 checkpoint to an eagle3 GGUF")
     c.add_argument("src", help="checkpoint directory or Hugging Face repo id")
