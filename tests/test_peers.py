@@ -22,7 +22,8 @@ from edge_eagle.converters import convert  # noqa: E402
 from edge_eagle.converters.convert import TOLERANCE, read_drafter, reference_model  # noqa: E402
 from edge_eagle.gguf_file import read_gguf  # noqa: E402
 from edge_eagle.parity import verify_drafter  # noqa: E402
-from edge_eagle.peers import compare_steps, sequence_features, speculators_step_logits  # noqa: E402
+from edge_eagle.peers import (compare_steps, sequence_features, specforge_step_logits,  # noqa: E402
+                              speculators_step_logits)
 from edge_eagle.train import TrainOptions, save_checkpoint  # noqa: E402
 from edge_eagle.train.pipeline import init_model, write_verifier  # noqa: E402
 
@@ -133,9 +134,10 @@ def test_verify_catches_a_misread_flag_with_the_peers_forward(tiny_target, tmp_p
 @pytest.mark.parametrize("reading", ["head-only", "feedback"])
 def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, tmp_path):
     """SpecForge 0.2.0's own draft class and save_pretrained (output-of-layer aux ids under
-    eagle_config, fc_norm, norm_output: true): the converter's reading matches SpecForge's own
-    forward at the first chain step, where both readings of norm_output agree (they part from
-    the second step on, which is why an explicit norm_output is refused without --norm-output)."""
+    eagle_config, fc_norm, norm_output: true): against SpecForge's own training-time-test loop over
+    3 chain steps, the head-only reading (SpecForge 0.2.0's meaning) matches at every step; the
+    feedback reading (EAGLE-3.1, SpecForge after PR #879) agrees at the first step only, which is
+    why an explicit norm_output is refused without --norm-output."""
     sf = pytest.importorskip("specforge.modeling.draft.llama3_eagle", reason="specforge==0.2.0 is not installed")
     from transformers import LlamaConfig
 
@@ -157,19 +159,21 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
         peer.t2d[torch.from_numpy(d2t)] = True
     peer.save_pretrained(str(tmp_path / "sf"))
     feats, tokens = sequence
-    n = len(tokens)
-    with torch.no_grad():  # SpecForge's own step: project, backbone, compute_logits
-        g = peer.project_hidden_states(feats[None])
-        mask = peer.prepare_decoder_attention_mask(attention_mask=torch.ones(1, n, dtype=torch.bool), hidden_states=g,
-                                                   batch_size=1, seq_length=n, past_key_values_length=0)
-        h = peer.backbone(input_embeds=peer.embed_input_ids(tokens[None]), hidden_states=g, cache_hidden=None,
-                          attention_mask=mask, position_ids=torch.arange(n)[None], past_key_values=None)
-        theirs = peer.compute_logits(h)[0]
+    theirs = specforge_step_logits(peer, feats, tokens)  # SpecForge's own TTT loop, 3 chain steps
     read = read_drafter(tmp_path / "sf", tiny_target, norm_output=reading)
     assert read.layout.name == "eagle3.1" and read.config.target_layers == (2, 4, 5) and read.config.fc_norm
     ref = reference_model(read.tensors, read.config, read.target)
-    with torch.no_grad():
-        ours = ref.draft_logits(ref.layer(tokens[None], ref.encode(feats[None]), torch.arange(n)[None]))[0]
-    assert float((ours - theirs).abs().max() / theirs.abs().max()) <= 1e-5
+    out = compare_steps(ref, theirs, feats, tokens)
+    assert out["relative_error_by_step"][0] <= 1e-5  # both readings agree at the first step
+    if reading == "head-only":  # what SpecForge 0.2.0 means by norm_output: true
+        assert out["ok"] and out["relative_error"] <= 1e-5, out
+    else:  # EAGLE-3.1 feedback is another drafter from the second step on: the check must see it
+        assert min(out["relative_error_by_step"][1:]) > 1e-2, out
     with pytest.raises(Exception, match="PR #879"):
         read_drafter(tmp_path / "sf", tiny_target)  # the version-dependent flag is not guessed
+    # convert --verify runs SpecForge's own loop too, and fails on the reading it does not mean
+    from edge_eagle.cli import main
+
+    code = main(["convert", str(tmp_path / "sf"), "--target", str(tiny_target), "--outtype", "f32", "--verify",
+                 "--norm-output", reading, "-o", str(tmp_path / "sf.gguf")])
+    assert code == (0 if reading == "head-only" else 1)
