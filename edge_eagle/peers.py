@@ -2,7 +2,7 @@
 the code that wrote it means it? (A self-consistency check cannot catch a misread config flag.)
 
 Supported peers, when importable: vLLM's speculators (layout "speculators") and SpecForge
-(checkpoints of its LlamaForCausalLMEagle3 class). Its training
+(checkpoints of its LlamaForCausalLMEagle3 class with an eagle_config block). Its training
 forward runs training-time-test steps over a whole sequence with teacher forcing; its step s
 row P is the chain seeded at P, which is edge-eagle's TTT (train/ttt.py) row P + s.
 """
@@ -19,7 +19,20 @@ TEXT = "Once upon a time a small robot learned to paint the sea. "
 
 
 def _specforge_written(config: dict) -> bool:
-    return "LlamaForCausalLMEagle3" in (config.get("architectures") or []) and "speculators_config" not in config
+    """SpecForge's class and its eagle_config block. (SafeAILab's and EAGLE-3.1 reference checkpoints
+    share the class name but not eagle_config; SpecForge's semantics must not be imposed on them.)"""
+    return ("LlamaForCausalLMEagle3" in (config.get("architectures") or []) and "speculators_config" not in config
+            and isinstance(config.get("eagle_config"), dict))
+
+
+def _specforge_before_879() -> bool:
+    """Every SpecForge release so far (up to 0.2.0) reads norm_output: true as the final norm before
+    lm_head only; PR #879 (unreleased) made it EAGLE-3.1 feedback."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("specforge")) <= Version("0.2.0")
 
 
 def peer_library(layout: str, config: dict | None = None) -> str | None:
@@ -128,6 +141,11 @@ def check_with_peer(src_dir: str | os.PathLike[str], layout: str, reference: Any
     library = peer_library(layout, config)
     if library is None:
         return None
+    if library.startswith("SpecForge") and config.get("norm_output") and reference.cfg.norm_output \
+            and _specforge_before_879():
+        return {"library": library, "ran": False, "ok": True,
+                "why": f"{library} predates its PR #879, so it cannot run the feedback reading of norm_output chosen "
+                       "with --norm-output"}
     try:
         if library.startswith("speculators"):
             from speculators.models.eagle3 import Eagle3DraftModel

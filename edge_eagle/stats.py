@@ -130,3 +130,12 @@ class SpecStats:
                 "overhead": round(self.t_overhead / total, 4),
             },
         }
+
+
+def spread(values: Iterable[float], digits: int = 3) -> dict[str, float]:
+    """Median, min and max of measured values (ratios measured interleaved), rounded."""
+    import statistics
+
+    vals = list(values)
+    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits)}

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle.defaults import default_target  # noqa: E402
+from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 from edge_eagle.target import Target  # noqa: E402
 from edge_eagle.train.data import iter_sharegpt, training_examples  # noqa: E402
@@ -83,10 +84,8 @@ def main() -> int:
     one = batch_cost(1)
     report = {"cpu": cpu_name(), "conversations": len(convs), "max_new": args.max_new, "rounds": args.rounds,
               "tokens_per_second": {str(p): [round(x, 1) for x in v] for p, v in rates.items()},
-              "ratio_to_parallel_%d" % base: {
-                  str(p): {"median": round(statistics.median(a / b for a, b in zip(v, rates[base])), 3),
-                           "min": round(min(a / b for a, b in zip(v, rates[base])), 3),
-                           "max": round(max(a / b for a, b in zip(v, rates[base])), 3)} for p, v in rates.items()},
+              "ratio_to_parallel_%d" % base: {str(p): spread(a / b for a, b in zip(v, rates[base]))
+                                              for p, v in rates.items()},
               "c_n": {str(n): round(batch_cost(n) / one, 2) for n in (2, 4, 8, 16)}}
     print(json.dumps(report, indent=1))
     if args.json:

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_eagle import EdgeEagle  # noqa: E402
+from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 
 QUESTIONS = ["Name three colours.", "Which of them is warmest, and why?", "Write a haiku about it.",
@@ -69,8 +70,7 @@ def main() -> int:
         turns.append({"turn": i + 1, "prompt_tokens": runs["reuse"][0][i][1], "cached": runs["reuse"][0][i][2],
                       "ttft_ms_reuse": round(1000 * statistics.median(reuse), 1),
                       "ttft_ms_fresh": round(1000 * statistics.median(fresh), 1),
-                      "fresh_over_reuse": {"median": round(statistics.median(ratios), 2),
-                                           "min": round(min(ratios), 2), "max": round(max(ratios), 2)}})
+                      "fresh_over_reuse": spread(ratios, 2)})
     report = {"cpu": cpu_name(), "rounds": args.rounds, "drafter": args.drafter, "turns": turns}
     print(json.dumps(report, indent=1))
     if args.json:

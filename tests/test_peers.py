@@ -171,9 +171,21 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
         assert min(out["relative_error_by_step"][1:]) > 1e-2, out
     with pytest.raises(Exception, match="PR #879"):
         read_drafter(tmp_path / "sf", tiny_target)  # the version-dependent flag is not guessed
-    # convert --verify runs SpecForge's own loop too, and fails on the reading it does not mean
+    # convert --verify runs SpecForge's own loop too where the installed release can run the chosen reading
     from edge_eagle.cli import main
+    from edge_eagle.peers import check_with_peer
 
     code = main(["convert", str(tmp_path / "sf"), "--target", str(tiny_target), "--outtype", "f32", "--verify",
                  "--norm-output", reading, "-o", str(tmp_path / "sf.gguf")])
-    assert code == (0 if reading == "head-only" else 1)
+    assert code == 0
+    peer = check_with_peer(tmp_path / "sf", "eagle3.1", ref, tiny_target)
+    if reading == "head-only":
+        assert peer["ran"] and peer["ok"] and peer["library"] == "SpecForge 0.2.0"
+    else:  # 0.2.0 cannot run the post-#879 meaning: it says so instead of failing a right reading
+        assert not peer["ran"] and "predates its PR #879" in peer["why"]
+    if reading == "head-only":  # and a misread fails it: the same weights read with another residual
+        import dataclasses
+
+        wrong = reference_model(read.tensors, dataclasses.replace(read.config, norm_before_residual=True), read.target)
+        bad = check_with_peer(tmp_path / "sf", "eagle3.1", wrong, tiny_target)
+        assert bad["ran"] and not bad["ok"]
