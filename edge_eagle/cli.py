@@ -168,7 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
-                        seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every)
+                        seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every, init=args.init)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
     summary = train_drafter(args.target, args.data, Path(args.out), opts,
                             features=Path(args.features) if args.features else None, layers=args.layers,
@@ -298,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on each conversation's first answer, or on all of its answers")
     t.add_argument("--resume", action="store_true",
                    help="continue the training state saved in OUT/checkpoint (model, optimizer, data position)")
+    t.add_argument("--init", choices=["default", "warm"], default="default",
+                   help="warm: start the decoder from the target's layer at the highest captured id (a ladder rung)")
     t.add_argument("--eval-every", type=int, default=50,
                    help="steps between simulated-acceptance checks on a held-out slice (0: never)")
     t.add_argument("--max-new", type=int, default=256)

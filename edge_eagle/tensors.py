@@ -26,6 +26,11 @@ def _same(w: np.ndarray, cfg: Any) -> np.ndarray:
     return w
 
 
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's interleaved-rope q/k rows -> HF rotate_half (the inverse of _permute)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF rotate_half q/k rows -> llama.cpp's interleaved rope (conversion/llama.py permute)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -56,7 +56,12 @@ def main() -> int:
                 results.append({"drafter": Path(drafter).name, "k": k, "prompts": len(prompts),
                                 "tau": round(total.tau, 3), "acceptance_rate": round(total.acceptance_rate, 3),
                                 "per_position_acceptance": [round(x, 3) for x in total.per_position_acceptance],
-                                "generated_tokens": total.generated})
+                                "generated_tokens": total.generated,
+                                # drafter work (encode, chain steps, ingest) per drafted token, and the
+                                # same relative to one target step of the run (d in the cost model)
+                                "draft_ms_per_token": round(1000 * total.t_draft / max(1, total.drafted), 3),
+                                "d": round((total.t_draft / max(1, total.drafted)) /
+                                           (total.t_verify / max(1, total.verify_steps)), 3)})
                 r = results[-1]
                 print(f"{r['drafter']} k={k}: tau {r['tau']:.2f}, per-position "
                       f"{' '.join(f'{x:.2f}' for x in r['per_position_acceptance'])}", file=sys.stderr)

@@ -183,6 +183,7 @@ def test_parallel_extraction_resumes_without_losing_or_repeating_a_conversation(
         kw = dict(regenerate=True, max_new=40, shard_tokens=60, progress=False)
         whole = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "whole", max_tokens=10**6, **kw)
         part = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "part", max_tokens=250, **kw)
+        assert part["tokens"] >= 250  # the budget is reached, not stopped short
         assert part["conversations_seen"] + len(part["done_beyond"]) < whole["conversations_seen"]
         resumed = extract(t, (2, 4, 5), iter_jsonl(corpus), tmp_path / "part", max_tokens=10**6, **kw)
     finally:
@@ -268,3 +269,31 @@ def test_simulated_acceptance_counts_chains_of_matching_drafts():
     # seed 0 -> row1 ok, seed 1 -> row2 ok, seed 3 -> row4 no (0 != 1), seed 4 -> row5 ok, seed 5 -> none
     assert got["seeds"] == 6 and got["tau"] == round(1 + (5 + 3) / 6, 4)
     assert got["per_position_acceptance"] == [round(5 / 6, 4), round(3 / 5, 4)]
+
+
+def test_warm_start_computes_the_target_layer_it_was_copied_from(tiny_target):
+    """init="warm": with EAGLE-3 norms, step 0 of the drafter at row P is the target's own layer
+    (the highest captured one) applied to the target's state at P: its output equals the input
+    of the next target layer, as llama.cpp captures it."""
+    target = read_gguf(tiny_target)
+    n = int(target.require("llama.block_count"))
+    layers = (2, 4, n - 2)
+    d2t = np.arange(256, dtype=np.int64)
+    model = init_model(target, layers, d2t, TrainOptions(draft_vocab=256, eagle31=False, init="warm"))
+    t = Target(tiny_target, n_ctx=128)
+    try:
+        t.set_capture((2, 4, n - 2, n - 1))
+        toks = t.tokenize("A warm start from the target's own layer")
+        feats = torch.from_numpy(t.prefill(toks).features.copy())
+    finally:
+        t.close()
+    h = feats.shape[1] // 4
+    with torch.no_grad():
+        got = model.layer(torch.tensor(toks)[None], model.encode(feats[None, :, :3 * h]),
+                          torch.arange(len(toks))[None])[0]
+    want = feats[:, 3 * h:]  # input of layer n-1 = output of layer n-2
+    assert float((got - want).abs().max() / want.abs().max()) < 2e-3
+    cold = init_model(target, layers, d2t, TrainOptions(draft_vocab=256, eagle31=False))
+    with torch.no_grad():
+        other = cold.layer(torch.tensor(toks)[None], cold.encode(feats[None, :, :3 * h]), torch.arange(len(toks))[None])[0]
+    assert float((other - want).abs().max() / want.abs().max()) > 0.1

@@ -286,10 +286,9 @@ def extract(target: Target, layers: tuple[int, int, int], convs: Iterable[Conver
                 pending.append(seq)
                 if bar is not None:
                     bar.update(len(seq.tokens))
-            n_pending = sum(len(s.tokens) for s in pending)
-            if n_pending >= shard_tokens:
+            if sum(len(s.tokens) for s in pending) >= shard_tokens:
                 save()
-            if manifest["tokens"] + n_pending >= max_tokens:
+            if manifest["tokens"] + sum(len(s.tokens) for s in pending) >= max_tokens:
                 break
         gen.close()
         save()

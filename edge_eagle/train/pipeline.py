@@ -38,6 +38,7 @@ class TrainOptions:
     device: str = "cpu"
     seed: int = 0
     hf_target: str | None = None  # the checkpoint's verifier for speculators (None: a folder beside it)
+    init: str = "default"  # "warm": the decoder from one of the target's late layers, fc passing its top layer
     eval_every: int = 50  # steps between simulated-acceptance evaluations on the held-out slice (0: never)
     heldout: int = 48  # sequences held out of training for that evaluation
     save_every: int = 50  # steps between training-state saves (what --resume continues from)
@@ -74,7 +75,42 @@ def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, 
         head = target.tensor_array(K.T_OUTPUT) if K.T_OUTPUT in target.tensors else embed.numpy()
         model.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)[d2t]))
         model.norm.weight.copy_(torch.from_numpy(target.tensor_array(K.T_OUTPUT_NORM)))
+        if opts.init == "warm":
+            warm_start(model, target, layers[-1])
+        elif opts.init != "default":
+            raise EdgeEagleError(f"Unknown init '{opts.init}'; use default or warm.")
     return model
+
+
+def warm_start(model: Eagle3Reference, target: GGUFFile, layer: int) -> None:
+    """The decoder starts as the target's own layer `layer` (dequantized from the GGUF): its
+    attention takes the hidden-state half of q/k/v (the embedding half starts at zero), o, MLP
+    and both norms; fc starts as the pass-through of the highest captured layer, whose input is
+    that layer's. (NOTES §8's caution: this gives the target's function one position early, a
+    start, not the drafter's function; the ladder measures it against the default.)"""
+    from ..tensors import unpermute
+
+    def w(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(target.tensor_array(f"blk.{layer}.{name}.weight"),
+                                                     dtype=np.float32))
+
+    c, m = model.cfg, model.midlayer
+    h = c.hidden_size
+    heads, kv = int(target.require(K.HEAD_COUNT)), int(target.get(K.HEAD_COUNT_KV, target.require(K.HEAD_COUNT)))
+    q = torch.from_numpy(unpermute(w("attn_q").numpy(), heads))
+    k = torch.from_numpy(unpermute(w("attn_k").numpy(), kv))
+    for proj, src in ((m.self_attn.q_proj, q), (m.self_attn.k_proj, k), (m.self_attn.v_proj, w("attn_v"))):
+        proj.weight.zero_()
+        proj.weight[:, h:] = src  # x = [input_layernorm(embed), hidden_norm(g)]: the hidden half
+    m.self_attn.o_proj.weight.copy_(w("attn_output"))
+    m.mlp.gate_proj.weight.copy_(w("ffn_gate"))
+    m.mlp.up_proj.weight.copy_(w("ffn_up"))
+    m.mlp.down_proj.weight.copy_(w("ffn_down"))
+    m.hidden_norm.weight.copy_(w("attn_norm"))
+    m.post_attention_layernorm.weight.copy_(w("ffn_norm"))
+    ht = c.target_hidden_size
+    model.fc.weight.zero_()
+    model.fc.weight[:, 2 * ht:] = torch.eye(h, ht)
 
 
 # GGUF architecture -> (HF model_type, architecture) of the verifier folder beside a checkpoint
