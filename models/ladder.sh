@@ -26,11 +26,12 @@ python - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print("| rung | top-1 per TTT step | held-out sim. tau | MT-bench tau k=5 | acceptance by position | d |")
-print("|---|---|---|---|---|---|")
+print("| rung | top-1 per TTT step | held-out sim. tau | MT-bench tau k=5 | acceptance by position | draft ms/token | train s |")
+print("|---|---|---|---|---|---|---|")
 for name in ("baseline", "warm", "lr3e-3", "vocab4k"):
     s = json.loads((out / f"{name}.json").read_text().strip().splitlines()[-1])
     e = json.loads((out / f"{name}.eval.json").read_text())[0]
     print(f"| {name} | {' '.join(f'{x:.2f}' for x in s['final_top1_per_step'])} | {s['heldout']['tau']:.3f} | "
-          f"{e['tau']:.3f} | {' '.join(f'{x:.2f}' for x in e['per_position_acceptance'])} | {e['d']:.3f} |")
+          f"{e['tau']:.3f} | {' '.join(f'{x:.2f}' for x in e['per_position_acceptance'])} | "
+          f"{e['draft_ms_per_token']:.2f} | {s['wall_time_s']:.0f} |")
 PY
