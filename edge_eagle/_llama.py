@@ -146,12 +146,16 @@ class Memory:
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` sequence 0 already holds."""
-        n = min(len(self.tokens), len(tokens))
-        held = self.tokens
-        i = 0
-        while i < n and held[i] == tokens[i]:
-            i += 1
-        return i
+        return common_prefix(self.tokens, tokens)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str) -> None:

@@ -22,7 +22,7 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 from . import gguf_keys as K
-from ._llama import Memory, free_context, free_model, load_model, n_threads_default, new_context
+from ._llama import Memory, common_prefix, free_context, free_model, load_model, n_threads_default, new_context
 from .drafter import Drafter
 from .errors import EdgeEagleError, ModelFileError, PairMismatchError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
@@ -209,9 +209,8 @@ class EagleDrafter(Drafter):
         self._stale = False  # rows were dropped: the KV no longer continues into the pending rows
 
     def keep(self, tokens: Sequence[int], n_rows: int) -> int:
-        ok = (0 < n_rows <= self._kv_rows and len(self._kv_tokens) > n_rows and len(tokens) > n_rows
-              and all(self._kv_tokens[i] == tokens[i] for i in range(n_rows + 1)))
-        if not ok:
+        # rows 0..n_rows-1 were computed from tokens 0..n_rows
+        if not (0 < n_rows <= self._kv_rows and common_prefix(self._kv_tokens, tokens) > n_rows):
             self.reset()
             return 0
         self.memory.remove_from(n_rows)  # later rows and the last proposal's chain rows

@@ -56,6 +56,16 @@ class SpecStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def draft_s_per_token(self) -> float:
+        """Drafter work (encode, chain steps, ingest) per drafted token, in seconds."""
+        return self.t_draft / self.drafted if self.drafted else 0.0
+
+    @property
+    def draft_cost_per_verify(self) -> float:
+        """draft_s_per_token relative to the mean verify step of the same run."""
+        return self.draft_s_per_token / (self.t_verify / self.verify_steps) if self.t_verify else 0.0
+
+    @property
     def k_mean(self) -> float:
         return sum(self.k_history) / len(self.k_history) if self.k_history else 0.0
 
@@ -132,10 +142,11 @@ class SpecStats:
         }
 
 
-def spread(values: Iterable[float], digits: int = 3) -> dict[str, float]:
-    """Median, min and max of measured values (ratios measured interleaved), rounded."""
+def spread(values: Iterable[float], digits: int | None = 3) -> dict[str, float]:
+    """Median, min and max of measured values (ratios measured interleaved), rounded to
+    `digits` (None: as they are)."""
     import statistics
 
     vals = list(values)
-    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
-            "max": round(max(vals), digits)}
+    out = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    return out if digits is None else {k: round(v, digits) for k, v in out.items()}

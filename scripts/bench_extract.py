@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle.defaults import default_target  # noqa: E402
+from edge_eagle.fsutil import atomic_write  # noqa: E402
 from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 from edge_eagle.target import Target  # noqa: E402
@@ -89,7 +90,7 @@ def main() -> int:
               "c_n": {str(n): round(batch_cost(n) / one, 2) for n in (2, 4, 8, 16)}}
     print(json.dumps(report, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        atomic_write(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -111,7 +111,7 @@ def main() -> int:
                         runs[k]["share"].append(1.0 - native_in_loop / loop)
                         runs[k]["us"].append(1e6 * (loop - native_in_loop) / steps)
                         runs[k]["cycle_ms"].append(1000 * loop / steps)
-                        runs[k]["d"].append((s.t_draft / max(1, s.drafted)) / (s.t_verify / steps))
+                        runs[k]["d"].append(s.draft_cost_per_verify)
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"k={k} {runs[k]['us'][-1]:.0f} us" for k in args.k), file=sys.stderr)
     per_k = {}

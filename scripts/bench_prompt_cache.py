@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_eagle import EdgeEagle  # noqa: E402
+from edge_eagle.fsutil import atomic_write  # noqa: E402
 from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 
@@ -74,7 +75,7 @@ def main() -> int:
     report = {"cpu": cpu_name(), "rounds": args.rounds, "drafter": args.drafter, "turns": turns}
     print(json.dumps(report, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        atomic_write(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm  # noqa: E402
 from edge_eagle import system  # noqa: E402
 from edge_eagle.defaults import default_target  # noqa: E402
 from edge_eagle.fsutil import atomic_path, atomic_write  # noqa: E402
+from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.target import Target  # noqa: E402
 
 QUANT_DIR = Path(os.environ.get("EDGE_EAGLE_CACHE", Path.home() / ".cache" / "edge-eagle")) / "quant"
@@ -94,8 +95,7 @@ def main() -> int:
         if not amx:
             for what in ("prefill_tps", "decode_tps"):
                 ratios = [on[what] / off[what] for on, off in zip(by_mode["on"], by_mode["off"])]
-                entry[f"{what}_on_over_off"] = {"median": statistics.median(ratios), "min": min(ratios),
-                                                "max": max(ratios)}
+                entry[f"{what}_on_over_off"] = spread(ratios, None)
         report["models"][name] = entry
     print(f"CPU: {report['cpu']} ({report['cores']} cores); extra buffer types: "
           f"{', '.join(report['extra_buffer_types']) or 'none'}")
