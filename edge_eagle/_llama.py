@@ -144,6 +144,11 @@ class Memory:
         C.llama_memory_clear(self._mem, True)
         self.tokens.clear()
 
+    def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add sequence dst to the cells of src at positions [p0, p1) (-1: open end); in a
+        unified KV cache the cells are shared, nothing is copied."""
+        C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` sequence 0 already holds."""
         return common_prefix(self.tokens, tokens)

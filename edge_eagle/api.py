@@ -23,12 +23,15 @@ from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
-from .policy import DraftPolicy, Fixed
+from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
 from .target import Target
 from . import defaults
+
+TREE_PATHS = 16  # root-to-leaf paths a verified tree may have: llama.cpp sequences of the target
+AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,10 @@ class Generation:
     """
 
     def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int | str, stop: Sequence[str],
-                 sampling: SamplingParams, speculative: bool, p_min: float):
+                 sampling: SamplingParams, speculative: bool, p_min: float, tree: int | None = None):
         self._engine, self._prompt = engine, prompt
         self._max_tokens, self._k, self._stop = max_tokens, k, [s for s in stop if s]
+        self._tree = tree
         self._sampling, self._speculative, self._p_min = sampling, speculative, p_min
         self._cancel = threading.Event()
         self._iter: Iterator[Token] | None = None
@@ -85,7 +89,8 @@ class Generation:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
             try:
-                policy = eng.policy(self._k if drafter is not NO_DRAFTER else 0)
+                policy = eng.policy(self._k if drafter is not NO_DRAFTER else 0,
+                                    self._tree if drafter is not NO_DRAFTER else None)
                 steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
                                   policy=policy, sampler=sampler, stats=self.stats, p_min=self._p_min)
                 for new, origins in steps:
@@ -162,6 +167,16 @@ def _check_k(k: int | str) -> int | str:
     raise EdgeEagleError(f"k must be 'auto' or a draft length of 0 or more, got {k!r}; pass --k auto or --k 4.")
 
 
+def _check_tree(tree: int | None, drafter: Drafter | None) -> int | None:
+    if tree is None or tree == 0:
+        return None
+    if not isinstance(tree, int) or tree < 0:
+        raise EdgeEagleError(f"tree must be a node budget of 1 or more, got {tree!r}; pass e.g. --tree 7.")
+    if not getattr(drafter, "supports_trees", False):
+        raise EdgeEagleError("Tree drafting needs an EAGLE drafter; pass --drafter default or an eagle3 GGUF.")
+    return tree
+
+
 def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
     """Format messages with the target's own chat template (a sandboxed Jinja2 render)."""
     template = target.chat_template
@@ -188,23 +203,33 @@ class EdgeEagle:
         target, else prompt lookup), "ngram" (prompt lookup), a Drafter, or None (plain).
     repack: llama.cpp CPU weight repacking, "auto" (off only where its AMX kernels would
         run, which crash), "on" or "off"; None reads $EDGE_EAGLE_REPACK (default auto).
+    tree: draft a tree of this many nodes each cycle instead of a chain (EAGLE drafters);
+        k="auto" may choose trees by itself. tree_paths: the most root-to-leaf paths a
+        verified tree may have (llama.cpp sequences; 0: no trees).
     """
 
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
                  None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
-                 repack: str | None = None):
+                 repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS):
         k = _check_k(k)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
         self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                             capture=capture, repack=repack)
+                             capture=capture, repack=repack, tree_paths=tree_paths)
         self.k, self.p_min, self.k_max = k, p_min, k_max
         self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
         self.drafter: Drafter | None
         try:
             self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads, repack)
         except BaseException:
+            self.target.close()
+            raise
+        try:
+            self.tree = _check_tree(tree, self.drafter)
+        except BaseException:
+            if self.drafter is not None:
+                self.drafter.close()
             self.target.close()
             raise
         self.stats = SpecStats()
@@ -233,8 +258,9 @@ class EdgeEagle:
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
-                 add_special: bool = True) -> Generation:
-        """Stream a completion of `prompt` (text, or token ids)."""
+                 add_special: bool = True, tree: int | None = None) -> Generation:
+        """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
+        trees instead of chains; None: the engine's setting; 0: chains)."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -247,19 +273,26 @@ class EdgeEagle:
         if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
         k = self.k if k is None else _check_k(k)
+        tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
                           sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
-                          p_min=self.p_min if p_min is None else p_min)
+                          p_min=self.p_min if p_min is None else p_min, tree=tree)
 
-    def policy(self, k: int | str) -> DraftPolicy:
-        """The draft-length policy for k: Fixed(k), or the engine's adaptive controller for "auto"."""
+    def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:
+        """The draft policy: FixedTree(tree) when a tree budget is given, else Fixed(k), or the
+        engine's adaptive controller for "auto"."""
+        if tree:
+            return FixedTree(tree)
         return self.auto_controller() if k == "auto" else Fixed(int(k))
 
     def auto_controller(self) -> KController:
         """The engine's k controller, its target batch costs c(n) measured on first use."""
         if self.controller is None:
             costs = CostModel(verify_s=measure_batch_costs(self.target, self.k_max + 1))
-            self.controller = KController(k_max=self.k_max, costs=costs)
+            trees = getattr(self.drafter, "supports_trees", False)
+            sizes = tuple(n for n in AUTO_TREE_SIZES if n <= self.target.tree_paths) if trees else ()
+            self.controller = KController(k_max=self.k_max, costs=costs, lookup=NgramDrafter(),
+                                          lookup_max=self.k_max, tree_sizes=sizes)
         return self.controller
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, truncate: bool = True, **kwargs) -> Generation:

@@ -8,13 +8,26 @@ cost relative to n = 1 and d the drafter's step cost. The controller picks the k
 beats it. Costs are measured at start-up and then tracked online (costs.py owns the
 formulas); while it decodes plainly it probes one short draft every `probe_every` cycles so
 acceptance stays current. KController is a policy.DraftPolicy.
+
+Per cycle (plan()), the same comparison covers two more proposers:
+- prompt lookup: when the committed text's last n tokens occurred before (n = 3..2), a draft
+  of m <= lookup_max tokens copied from there costs c(m+1) (no drafter work) and yields
+  E_n(m), from a per-n acceptance model. That model learns on every cycle, for free: the
+  lookup made before a cycle is compared with the tokens the cycle committed, whichever
+  proposer ran (a shadow draft), so copying is noticed without paying for probes;
+- a drafter tree of N nodes: E_tree(N) is the tracked mean tokens per tree cycle (prior: the
+  chain of the same budget), its cost c(N+1) plus the measured tree drafting time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from .costs import CostModel, predicted_speedup
+from .drafter import NgramDrafter
+from .policy import CHAIN, LOOKUP, TREE, Plan
+from .proposal import Proposal
 
 
 @dataclass
@@ -73,6 +86,18 @@ class KController:
     _plain_run: int = 0
     _probe_gap: int = 0  # current gap between probes (0: probe_every)
     _probing: bool = False
+    #: prompt lookup as a proposer (None: off); its drafts are at most lookup_max long
+    lookup: NgramDrafter | None = None
+    lookup_max: int = 8
+    lookup_alpha: float = 0.1  # copying starts and ends abruptly: a short memory
+    #: tree node budgets this controller may choose (empty: chains only)
+    tree_sizes: tuple[int, ...] = ()
+    tree_alpha: float = 0.1
+    _lookup_models: dict[int, AcceptanceModel] = field(default_factory=dict)
+    _shadow: tuple[int, int, list[int]] | None = None  # (n, committed length, lookup draft) of the last plan
+    _tree_tokens: dict[int, float] = field(default_factory=dict)  # N -> EMA of tokens per tree cycle
+    _tree_draft_s: dict[int, float] = field(default_factory=dict)  # N -> EMA of drafting seconds per tree
+    _last: Plan = field(default_factory=Plan)
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -120,6 +145,19 @@ class KController:
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         assert self.acceptance is not None
         self.costs.observe_verify(verify_tokens, verify_s)
+        kind, last = self._last.kind, self._last
+        self._last = Plan()
+        if kind == LOOKUP and drafted:
+            assert self._shadow is not None
+            self._lookup_model(self._shadow[0]).observe(drafted, accepted)
+            self._shadow = None  # observed for real
+            return
+        if kind == TREE and drafted:
+            n = last.n
+            for table, value in ((self._tree_tokens, 1.0 + accepted), (self._tree_draft_s, draft_s)):
+                old = table.get(n)
+                table[n] = value if old is None else old + self.tree_alpha * (value - old)
+            return
         self.costs.observe_draft(drafted, draft_s)
         if drafted:
             self.acceptance.observe(drafted, accepted)
@@ -127,3 +165,60 @@ class KController:
             if self._probing:  # back off while probes keep failing: they cost ~1-2% each round
                 self._probe_gap = self.probe_every if accepted else min(self.probe_max, 2 * self.probe_gap)
         self._probing = False
+
+    # --- per-cycle proposer --------------------------------------------------------------------
+
+    def _lookup_model(self, n: int) -> AcceptanceModel:
+        if n not in self._lookup_models:
+            self._lookup_models[n] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha)
+        return self._lookup_models[n]
+
+    def lookup_speedup(self, n: int, m: int) -> float:
+        """Predicted speedup of an m-token lookup draft found by an n-gram match (no drafter cost)."""
+        return predicted_speedup(self._lookup_model(n).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
+
+    def tree_speedup(self, n: int) -> float:
+        assert self.acceptance is not None
+        expected = self._tree_tokens.get(n, self.acceptance.expected_tokens(min(n, self.k_max)))
+        one = self.costs.verify_s.get(1)
+        if n in self._tree_draft_s and one:
+            draft = self._tree_draft_s[n] / one
+        else:  # before a tree was drafted: one drafter step per depth, about log2 of the budget
+            draft = self.costs.d() * max(1, n.bit_length())
+        return expected / (self.costs.c(n + 1) + draft)
+
+    def plan(self, tokens: Sequence[int]) -> Plan:
+        """This cycle's proposer, from the committed tokens: the best predicted of plain decoding,
+        a chain (choose(), with its probes), a prompt-lookup draft and the tree budgets."""
+        if self._shadow is not None:  # score the last cycle's lookup against what it committed
+            n, length, draft = self._shadow
+            new = list(tokens[length:])
+            seen = min(len(draft), len(new))
+            hits = 0
+            while hits < seen and draft[hits] == new[hits]:
+                hits += 1
+            if seen:
+                self._lookup_model(n).observe(seen, hits)
+            self._shadow = None
+        k = self.choose()
+        best, gain = (Plan(CHAIN, k), self.speedup(k)) if k else (Plan(), 1.0)
+        if self._probing:
+            gain = 1.0 + self.margin  # a probe runs unless another proposer predicts a real gain
+        if self.lookup is not None:
+            n, draft = self.lookup.lookup(tokens, self.lookup_max)
+            if draft:
+                self._shadow = (n, len(tokens), draft)
+                m = max(range(1, len(draft) + 1), key=lambda i: self.lookup_speedup(n, i))
+                s = self.lookup_speedup(n, m)
+                if s > max(gain, 1.0 + self.margin):
+                    best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s
+        for n in self.tree_sizes:
+            s = self.tree_speedup(n)
+            if s > max(gain, 1.0 + self.margin):
+                best, gain = Plan(TREE, n), s
+        if best.kind != CHAIN and self._probing:
+            self._probing = False
+            self._plain_run = 0
+        self._last = best
+        return best
+

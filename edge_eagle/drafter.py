@@ -58,7 +58,7 @@ class Drafter(ABC):
 
 class NgramDrafter(Drafter):
     """Prompt lookup: find the latest earlier occurrence of the last n tokens and copy
-    what followed it. Tries n = max_ngram down to min_ngram."""
+    what followed it (periodically, inside a loop). Tries n = max_ngram down to min_ngram."""
 
     name = "prompt-lookup"
 
@@ -68,6 +68,12 @@ class NgramDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
+        return Proposal.chain(self.lookup(tokens, k)[1])
+
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """(n, k tokens): what followed the latest earlier occurrence of the last n tokens,
+        for the largest n in max_ngram..min_ngram that occurs; (0, []) if none does. Where the
+        copy runs into the end of the text (a loop), it goes on as the loop would."""
         seq = np.asarray(tokens, dtype=np.int64)
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
@@ -75,9 +81,12 @@ class NgramDrafter(Drafter):
             windows = np.lib.stride_tricks.sliding_window_view(seq[:n_seq - 1], n)
             hits = np.flatnonzero((windows == tail).all(axis=1))
             if len(hits):
+                # what followed, and past the end of the text what the copy itself predicts:
+                # a continuation of P = n_seq - start tokens repeats with period P
                 start = int(hits[-1]) + n
-                return Proposal.chain(seq[start:start + k])
-        return EMPTY
+                period = n_seq - start
+                return n, [int(seq[start + j % period]) for j in range(k)]
+        return 0, []
 
 
 class NoDrafter(Drafter):

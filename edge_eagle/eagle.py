@@ -145,6 +145,21 @@ def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
     return spec
 
 
+TREE_DEPTH = 6  # default depth limit of a draft tree
+TREE_BRANCH = 4  # default children per expanded node, and nodes expanded per depth
+TREE_BRANCH_MAX = 8  # the drafter context holds one sequence per expanded node of a depth
+
+
+def _top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most probable tokens of a logit row and their log-probabilities, best first."""
+    k = min(k, logits.shape[-1])
+    top = np.argpartition(logits, -k)[-k:]
+    top = top[np.argsort(-logits[top], kind="stable")]
+    m = float(logits[top[0]])
+    lse = m + float(np.log(np.exp(logits - m).sum()))
+    return [(int(t), float(logits[t]) - lse) for t in top]
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm over the last axis, in float32 like llama.cpp."""
     x = x.astype(np.float32, copy=False)
@@ -182,9 +197,11 @@ class EagleDrafter(Drafter):
         threads = n_threads or n_threads_default()
         loaded = load_model(self.path, n_gpu_layers, 1, repack)
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
+        self.tree_branch_max = TREE_BRANCH_MAX
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
                                n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
-                               n_threads_batch=threads, no_perf=True, ctx_other=target.ctx)
+                               n_threads_batch=threads, no_perf=True, ctx_other=target.ctx,
+                               n_seq_max=1 + self.tree_branch_max, kv_unified=True)
         B.llama_set_embeddings_nextn(self.ctx, True, True)
         self.memory = Memory(self.ctx)
         self._batch = C.llama_batch_ext_init(self.ctx)
@@ -322,10 +339,9 @@ class EagleDrafter(Drafter):
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         return self.propose_with_logits(tokens, k, p_min, choose)[0]
 
-    def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
-                            choose=None) -> tuple[Proposal, list[np.ndarray]]:
-        """A chain of up to k drafts, with the drafter's logits at each step. choose(logits)
-        -> (token, q or None) picks each draft (default greedy); sampled q's go into the Proposal."""
+    def _decode_pending(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Run the pending true rows (their tokens now all known); the drafter's logits and
+        pre-norm h at the last committed position, from which drafts start."""
         if not self._pend_rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
@@ -346,10 +362,16 @@ class EagleDrafter(Drafter):
             self._kv_rows, self._kv_tokens = n_past, tokens  # the loop only appends to `tokens`
         g = self.encode(feats, pos0)
         self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
-        logits, h = self.decode(toks, g, pos0)
+        return self.decode(toks, g, pos0)
+
+    def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
+                            choose=None) -> tuple[Proposal, list[np.ndarray]]:
+        """A chain of up to k drafts, with the drafter's logits at each step. choose(logits)
+        -> (token, q or None) picks each draft (default greedy); sampled q's go into the Proposal."""
+        logits, h = self._decode_pending(tokens)
         drafts: list[int] = []
         all_logits: list[np.ndarray] = []
-        pos = n_past - 1  # the row just decoded; chain rows follow it
+        pos = len(tokens) - 2  # the row just decoded; chain rows follow it
         qs: list[np.ndarray] = []
         while k > 0:
             if p_min > 0.0:
@@ -366,6 +388,107 @@ class EagleDrafter(Drafter):
             pos += 1
             logits, h = self.decode([d], self.carry(h)[None, :], pos)
         return Proposal.chain(drafts, qs if qs else None), all_logits
+
+    # --- trees -----------------------------------------------------------------------------
+
+    supports_trees = True
+
+    def propose_tree(self, tokens: Sequence[int], n_nodes: int, depth: int = TREE_DEPTH,
+                     branch: int = TREE_BRANCH) -> Proposal:
+        """A draft tree of at most n_nodes nodes, EAGLE-2's dynamic tree: depth by depth, the
+        `branch` most probable frontier nodes (by cumulative draft log-probability) are
+        expanded in one drafter batch, each into its `branch` most probable children; then
+        the n_nodes best nodes overall are kept (an ancestor never scores below its
+        descendants, so the kept set is a tree). Expansion stops early once no frontier node
+        can enter the best n_nodes. Every expanded node is a row of the drafter's KV in its
+        own sequence, sharing its ancestors' rows (EAGLE-3.1's norm(h) is fed per node), so
+        each node's draft is what a chain along its path would draft. Nodes come in
+        breadth-first order, siblings by descending score; drafts are deterministic (the
+        verifier treats each as a point mass, which keeps sampling lossless)."""
+        if n_nodes < 1 or depth < 1 or not 1 <= branch <= self.tree_branch_max:
+            raise ValueError(f"a tree needs n_nodes >= 1, depth >= 1 and 1 <= branch <= {self.tree_branch_max}")
+        logits, h = self._decode_pending(tokens)
+        pos = len(tokens) - 2  # the root row; depth-d nodes are decoded at pos + d
+        node_tok: list[int] = []
+        node_par: list[int] = []
+        node_score: list[float] = []
+        node_depth: list[int] = []
+        # expanded nodes of the current depth: (node index or -1 for the root, its logits, h, seq)
+        frontier: list[tuple[int, np.ndarray, np.ndarray, int]] = [(-1, logits, h, 0)]
+        for d in range(1, depth + 1):
+            new: list[int] = []
+            for node, lg, _, _ in frontier:
+                base = node_score[node] if node >= 0 else 0.0
+                for t, lp in _top_logprobs(lg, min(branch, n_nodes)):
+                    new.append(len(node_tok))
+                    node_tok.append(t)
+                    node_par.append(node)
+                    node_score.append(base + lp)
+                    node_depth.append(d)
+            if d == depth:
+                break
+            scores = np.asarray(node_score)
+            floor = -np.inf if len(scores) < n_nodes else float(np.partition(scores, -n_nodes)[-n_nodes])
+            expand = sorted((i for i in new if node_score[i] > floor), key=lambda i: -node_score[i])[:branch]
+            if not expand:
+                break
+            frontier = self._expand(expand, node_tok, node_par, frontier, pos + d)
+        self._drop_tree_seqs()
+        keep = sorted(range(len(node_tok)), key=lambda i: (-node_score[i], i))[:n_nodes]
+        kept = set(keep)
+        keep = [i for i in keep if node_par[i] < 0 or node_par[i] in kept]  # closure, against ties
+        order = sorted(keep, key=lambda i: (node_depth[i], -node_score[i], i))
+        index = {old: new for new, old in enumerate(order)}
+        return Proposal(tuple(node_tok[i] for i in order),
+                        tuple(index[node_par[i]] if node_par[i] >= 0 else -1 for i in order))
+
+    def _expand(self, expand: list[int], node_tok: list[int], node_par: list[int],
+                frontier: list[tuple[int, np.ndarray, np.ndarray, int]], pos: int
+                ) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
+        """Decode the nodes `expand` (children of the frontier) in one drafter batch at `pos`,
+        each in a sequence that holds its ancestors: a parent's sequence goes to its first
+        expanded child, its other children get copies, unused ones are dropped."""
+        parent_of = {node: (h, seq) for node, _, h, seq in frontier}
+        seqs: list[int | None] = []
+        claimed: set[int] = set()
+        for i in expand:
+            src = parent_of[node_par[i]][1]
+            if src != 0 and src not in claimed:
+                claimed.add(src)
+                seqs.append(src)
+            else:
+                seqs.append(None)
+        for _, seq in parent_of.values():
+            if seq != 0 and seq not in claimed:
+                self.memory.remove_seq(seq)
+        free = [s for s in range(1, self.tree_branch_max + 1) if s not in claimed]
+        for row, i in enumerate(expand):
+            if seqs[row] is None:
+                dst = free.pop(0)
+                self.memory.copy_seq(parent_of[node_par[i]][1], dst)
+                seqs[row] = dst
+        g = np.stack([self.carry(parent_of[node_par[i]][0]) for i in expand]).astype(np.float32)
+        C.llama_batch_ext_clear(self._batch)
+        for row, (i, seq) in enumerate(zip(expand, seqs)):
+            idx = C.llama_batch_ext_add_token(self._batch, seq, int(node_tok[i]))
+            self._pos.value = pos
+            C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+            C.llama_batch_ext_set_embd_token(self._batch, idx, C.llama_embd(
+                g[row].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
+            C.llama_batch_ext_set_output_logits(self._batch, idx, True)
+        rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
+        out = []
+        for row, (i, seq) in enumerate(zip(expand, seqs)):
+            lg = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
+            h = np.ctypeslib.as_array(B.llama_get_embeddings_nextn_ith(self.ctx, row), shape=(self.n_embd,)).copy()
+            out.append((i, lg, h, seq))
+        return out
+
+    def _drop_tree_seqs(self) -> None:
+        for s in range(1, self.tree_branch_max + 1):
+            self.memory.remove_seq(s)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

@@ -1,15 +1,44 @@
-"""Draft-length policies: how many tokens to draft this cycle.
+"""Draft policies: what to propose this cycle.
 
 The loop calls every policy the same way, so it needs no per-policy guard:
 choose() before a cycle, update() after it, features_needed_soon() to decide whether the
-target's features (a few % per token to capture) must be captured now. `Fixed(k)` always
-drafts k (k = 0: plain decoding); the adaptive controller (controller.KController) picks k
-per cycle from measured costs and acceptance.
+target's features (a few % per token to capture) must be captured now. choose() returns a
+draft length (a chain from the drafter; 0: plain decoding) or a Plan (a chain, a tree of N
+nodes, or a prompt-lookup draft). A policy with a plan(tokens) method is asked that instead,
+with the committed tokens (the adaptive controller looks them up). `Fixed(k)` always drafts
+a chain of k, `FixedTree(n)` a tree of n nodes; controller.KController picks per cycle from
+measured costs and acceptance.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from .proposal import Proposal
+
+PLAIN, CHAIN, TREE, LOOKUP = "plain", "chain", "tree", "lookup"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One cycle's proposer: kind (plain, chain, tree or lookup) and size (drafts, or tree
+    nodes); a lookup plan carries its ready draft."""
+
+    kind: str = PLAIN
+    n: int = 0
+    proposal: Proposal | None = None
+
+    @classmethod
+    def of(cls, choice: "int | Plan") -> "Plan":
+        if isinstance(choice, Plan):
+            return choice
+        return cls(CHAIN, int(choice)) if choice > 0 else cls()
+
+    @property
+    def drafts(self) -> bool:
+        """Whether this cycle asks the drafter (not plain decoding or a lookup)."""
+        return self.kind in (CHAIN, TREE) and self.n > 0
 
 
 @runtime_checkable
@@ -17,8 +46,8 @@ class DraftPolicy(Protocol):
     #: rows of context the drafter keeps while the policy decodes plainly (None: keep all)
     idle_window: int | None
 
-    def choose(self) -> int:
-        """The draft length of the next cycle (0: decode one token plainly)."""
+    def choose(self) -> "int | Plan":
+        """The draft length of the next cycle (0: decode one token plainly), or a Plan."""
 
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         """What the cycle did: drafts made and accepted, the verify batch's size and seconds,
@@ -49,3 +78,26 @@ class Fixed:
 
     def __repr__(self) -> str:
         return f"Fixed({self.k})"
+
+
+class FixedTree:
+    """Always a draft tree of n nodes (n = 1 is a chain of one)."""
+
+    idle_window = None
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError("a draft tree has 1 node or more")
+        self.n = n
+
+    def choose(self) -> Plan:
+        return Plan(TREE, self.n)
+
+    def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
+        pass
+
+    def features_needed_soon(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"FixedTree({self.n})"

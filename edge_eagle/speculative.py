@@ -1,9 +1,12 @@
-"""The speculative loop: prefill, then each cycle the policy picks a draft length, the
-drafter proposes, the target verifies the whole proposal in one batch, both KV caches roll
-back to what was accepted, and the accepted drafts plus the bonus token are emitted.
+"""The speculative loop: prefill, then each cycle the policy picks a proposer (plain
+decoding, a drafter chain of k, a drafter tree of N nodes, or a prompt-lookup draft), the
+target verifies the whole proposal in one batch (a tree through llama.cpp sequence sets),
+both KV caches roll back to what was accepted, and the accepted drafts plus the bonus token
+are emitted.
 
 Every piece is an interface: a drafter.Drafter (NO_DRAFTER for plain decoding), a
-policy.DraftPolicy, verify.verify on a proposal.Proposal, and stats.SpecStats that counts.
+policy.DraftPolicy, verify.verify / verify_tree on a proposal.Proposal, and stats.SpecStats
+that counts.
 Each yield happens with both caches consistent, so a consumer may stop at any yield (EOS,
 stop string, cancel) and leave a usable state behind.
 """
@@ -14,19 +17,20 @@ from time import perf_counter
 from typing import Iterator, Sequence
 
 from .drafter import Drafter
-from .policy import DraftPolicy
+from .eagle import TREE_DEPTH
+from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
 from .proposal import EMPTY
 from .sampling import Sampler
 from .stats import SpecStats
 from .target import Target
-from .verify import verify
+from .verify import verify, verify_tree
 
 DRAFT, TARGET = "draft", "target"
 
 
 def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_tokens: int,
               policy: DraftPolicy, sampler: Sampler, stats: SpecStats,
-              p_min: float = 0.0) -> Iterator[tuple[list[int], list[str]]]:
+              p_min: float = 0.0, tree_depth: int = TREE_DEPTH) -> Iterator[tuple[list[int], list[str]]]:
     """Yield (new tokens, their origins) per step until max_tokens tokens were produced.
 
     Prompt cache: the target's KV keeps the longest common prefix with what it held, and only
@@ -67,37 +71,60 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
             stats.context_full = True
             return
         t_step = perf_counter()
-        want = policy.choose()
+        plan = policy.plan(seq) if hasattr(policy, "plan") else Plan.of(policy.choose())
+        if plan.kind == TREE and not (getattr(drafter, "supports_trees", False) and target.tree_paths):
+            plan = Plan(CHAIN, plan.n)  # a drafter or target without trees drafts the chain instead
         if wants_features:
             # capture features (a few % per token) only when a draft may come soon; after a
             # pause the drafter restarts from the rows captured since
-            need = want > 0 or policy.features_needed_soon()
+            need = plan.drafts or policy.features_needed_soon()
             if need != capturing:
                 target.set_capture(drafter.target_layers if need else ())
                 capturing = need
                 if need:
                     drafter.reset()
-                    want = 0  # no context rows yet: this cycle decodes plainly
-        room = min(want, max_tokens - produced - 1, target.n_ctx - n_past - 1)
-        proposal = drafter.propose(seq, room, p_min, choose).truncated(room) if room > 0 else EMPTY
+                    if plan.drafts:
+                        plan = Plan()  # no context rows yet: this cycle decodes plainly
+        room = min(max_tokens - produced - 1, target.n_ctx - n_past - 1)
+        if room <= 0 or plan.n <= 0:
+            proposal = EMPTY
+        elif plan.kind == LOOKUP:
+            proposal = (plan.proposal or EMPTY).truncated(room)
+        elif plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
+            proposal = drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
+                                            depth=min(tree_depth, room))
+        else:
+            proposal = drafter.propose(seq, min(plan.n, room), p_min, choose).truncated(room)
         t_verify = perf_counter()
-        batch = [seq[-1], *proposal.tokens]
-        res = target.decode(batch, n_past, "all" if proposal.tokens else "last")
-        n_acc, bonus = verify(sampler, res.logits, proposal)
-        if n_acc < len(proposal):
-            target.memory.remove_from(n_past + n_acc + 1)
+        if proposal.is_chain:
+            batch = [seq[-1], *proposal.tokens]
+            res = target.decode(batch, n_past, "all" if proposal.tokens else "last")
+            n_acc, bonus = verify(sampler, res.logits, proposal)
+            if n_acc < len(proposal):
+                target.memory.remove_from(n_past + n_acc + 1)
+            accepted = list(proposal.tokens[:n_acc])
+            rows: list[int] | slice = slice(0, n_acc + 1)
+            ranks: list[int] = []
+        else:
+            res = target.decode_tree(seq[-1], proposal.tokens, proposal.parents, n_past)
+            path, bonus, ranks = verify_tree(sampler, res.logits, proposal)
+            target.keep_path(path, n_past, seq[-1], proposal.tokens)
+            n_acc = len(path)
+            accepted = [proposal.tokens[i] for i in path]
+            rows = [0, *(i + 1 for i in path)]
         t_ingest = perf_counter()
         if capturing:
-            drafter.ingest(res.features[: n_acc + 1], n_past, batch[: n_acc + 1])
-            if want == 0 and policy.idle_window:
+            drafter.ingest(res.features[rows], n_past, [seq[-1], *accepted])
+            if not plan.drafts and policy.idle_window:
                 drafter.trim(policy.idle_window)
         t_end = perf_counter()
 
         stats.t_verify += t_ingest - t_verify
         stats.t_draft += (t_verify - t_step) + (t_end - t_ingest)
-        stats.record_step(len(proposal), n_acc)
-        policy.update(len(proposal), n_acc, len(batch), t_ingest - t_verify, t_verify - t_step)
-        new = [*proposal.tokens[:n_acc], bonus]
+        stats.record_step(len(proposal), n_acc, kind=plan.kind if proposal.tokens else PLAIN,
+                          depth=max(proposal.depths, default=0), ranks=None if proposal.is_chain else ranks)
+        policy.update(len(proposal), n_acc, len(proposal) + 1, t_ingest - t_verify, t_verify - t_step)
+        new = [*accepted, bonus]
         seq += new
         n_past += n_acc + 1
         produced += len(new)

@@ -29,19 +29,50 @@ class SpecStats:
     t_draft: float = 0.0  # drafter work (ingest, encode, chain)
     t_total: float = 0.0  # generation wall time after prefill
     context_full: bool = False  # the generation stopped because the context window filled
+    proposers: dict[str, int] = field(default_factory=dict)  # verify steps per proposer (plain, chain, tree, lookup)
+    tree_nodes: int = 0  # nodes verified by tree steps
+    #: per accepted depth, how often the accepted node was its parent's 1st, 2nd, ... candidate
+    accepted_rank_at: list[list[int]] = field(default_factory=list)
 
-    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+    def record_step(self, n_drafted: int, n_accepted: int, kind: str | None = None, depth: int | None = None,
+                    ranks: list[int] | None = None) -> None:
+        """One verify step: tokens drafted (chain drafts or tree nodes) and accepted. For a
+        tree, `depth` is its depth, and positions count depths: position i was drafted when
+        the tree reached depth i + 1. ranks: the accepted nodes' ranks among their siblings."""
         self.verify_steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
         self.k_history.append(n_drafted)
-        while len(self.drafted_at) < n_drafted:
+        kind = kind or ("chain" if n_drafted else "plain")
+        self.proposers[kind] = self.proposers.get(kind, 0) + 1
+        reach = n_drafted if depth is None else depth
+        if kind == "tree":
+            self.tree_nodes += n_drafted
+        while len(self.drafted_at) < reach:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
-        for i in range(n_drafted):
+        for i in range(reach):
             self.drafted_at[i] += 1
             if i < n_accepted:
                 self.accepted_at[i] += 1
+        for d, r in enumerate(ranks or ()):
+            while len(self.accepted_rank_at) <= d:
+                self.accepted_rank_at.append([])
+            row = self.accepted_rank_at[d]
+            row.extend([0] * (r + 1 - len(row)))
+            row[r] += 1
+
+    @property
+    def tree_nodes_mean(self) -> float:
+        """Mean nodes per tree verify step (0 without trees)."""
+        n = self.proposers.get("tree", 0)
+        return self.tree_nodes / n if n else 0.0
+
+    @property
+    def accepted_depth_mean(self) -> float:
+        """Mean drafts accepted per drafting step (the accepted path's depth for trees)."""
+        n = self.verify_steps - self.proposers.get("plain", 0)
+        return self.accepted / n if n else 0.0
 
     @property
     def tau(self) -> float:
@@ -93,6 +124,16 @@ class SpecStats:
             self.drafted_at[i] += other.drafted_at[i]
             self.accepted_at[i] += other.accepted_at[i]
         self.k_history.extend(other.k_history)
+        for kind, n in other.proposers.items():
+            self.proposers[kind] = self.proposers.get(kind, 0) + n
+        self.tree_nodes += other.tree_nodes
+        for d, row in enumerate(other.accepted_rank_at):
+            while len(self.accepted_rank_at) <= d:
+                self.accepted_rank_at.append([])
+            mine = self.accepted_rank_at[d]
+            mine.extend([0] * (len(row) - len(mine)))
+            for r, n in enumerate(row):
+                mine[r] += n
         self.generated += other.generated
         self.prompt_tokens += other.prompt_tokens
         self.prompt_cached += other.prompt_cached
@@ -122,6 +163,10 @@ class SpecStats:
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
             "k_mean": round(self.k_mean, 3),
             "k_last": self.k_last,
+            "proposers": dict(self.proposers),
+            "tree_nodes_mean": round(self.tree_nodes_mean, 3),
+            "accepted_depth_mean": round(self.accepted_depth_mean, 3),
+            "accepted_rank_at": [list(r) for r in self.accepted_rank_at],
             "generated_tokens": self.generated,
             "prompt_tokens": self.prompt_tokens,
             "prompt_cached_tokens": self.prompt_cached,

@@ -26,6 +26,9 @@ from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
 
 
+MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
+
+
 @dataclass
 class DecodeResult:
     logits: np.ndarray  # [n_rows_with_logits, n_vocab], a view valid until the next decode
@@ -35,11 +38,13 @@ class DecodeResult:
 class Target:
     """A target GGUF loaded in llama.cpp. decode()/prefill() run sequence 0; decode_seqs() runs
     several independent sequences in one batch (n_seq > 1: one KV stream per sequence, each of
-    n_ctx tokens)."""
+    n_ctx tokens); decode_tree() verifies a token tree in one batch (tree_paths > 0: one unified
+    KV stream, sequence 0 plus one sequence per root-to-leaf path)."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, capture: str = "auto",
-                 gguf: GGUFFile | None = None, repack: str | None = None, n_seq: int = 1):
+                 gguf: GGUFFile | None = None, repack: str | None = None, n_seq: int = 1,
+                 tree_paths: int = 0):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
         if self.gguf.arch == K.EAGLE3:
@@ -65,22 +70,27 @@ class Target:
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = int(C.llama_vocab_n_tokens(self.vocab))
+        if n_seq > 1 and tree_paths:
+            raise ValueError("a target runs independent sequences or trees, not both")
         self.n_seq = n_seq
+        self.tree_paths = max(0, min(int(tree_paths), MAX_TREE_PATHS))
+        seq_max = n_seq if n_seq > 1 else 1 + self.tree_paths
         fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
                                       n_threads=threads, n_threads_batch=threads, no_perf=True,
-                                      n_seq_max=n_seq, kv_unified=False)
+                                      n_seq_max=seq_max, kv_unified=self.tree_paths > 0)
         if self.capture_path == "callback":
             self._cb_keepalive = B.eval_callback_type(self._eval_callback)
             fields["cb_eval"] = self._cb_keepalive
         self.ctx = new_context(self.model, os.path.basename(self.path), **fields)
         self.memory = Memory(self.ctx)
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self._batch = C.llama_batch_init(n_batch, 0, 1 + self.tree_paths)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)),
                                           shape=(n_batch,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
-        self._seq_rows = 0  # rows of the batch whose seq_id decode_seqs() changed from 0
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        self._seq_rows = 0  # rows of the batch whose seq_id decode_seqs() or decode_tree() changed from 0
         for i in range(n_batch):
             self._batch.seq_id[i][0] = 0
         self.eos = int(C.llama_vocab_eos(self.vocab))
@@ -153,6 +163,7 @@ class Target:
                 raise ValueError(f"sequence {seq} outside 0..{self.n_seq - 1}")
             for i in range(max(n, self._seq_rows)):
                 self._batch.seq_id[i][0] = seq if i < n else 0
+            self._n_seq_id[: self._seq_rows] = 1
             self._seq_rows = n if seq else 0
         self._tok[:n] = tokens
         self._pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
@@ -194,10 +205,77 @@ class Target:
         self._out[:n] = 1
         for i, s in enumerate(seqs):
             self._batch.seq_id[i][0] = int(s)
+        self._n_seq_id[:n] = 1
         self._seq_rows = max(self._seq_rows, n)
         if seqs[0] == 0:
             self.memory.tokens.clear()  # sequence 0 took part: no longer known token by token
         return self._run(n, n)
+
+    def decode_tree(self, root: int, tokens: Sequence[int], parents: Sequence[int], pos0: int) -> DecodeResult:
+        """Verify a token tree in one batch: row 0 is the last committed token `root` at pos0,
+        row i + 1 is node i (parent parents[i], -1: the root) at pos0 + its depth. Each
+        root-to-leaf path is a sequence (1..leaves) that shares sequence 0's history, and each
+        row carries the set of paths through it, so every row attends to exactly its ancestors.
+        Logits and features for every row; keep_path() then commits one path to sequence 0."""
+        n = len(tokens) + 1
+        if n > self.n_batch:
+            raise ValueError(f"a tree of {n - 1} nodes does not fit a batch of {self.n_batch}")
+        is_parent = [False] * len(tokens)
+        for p in parents:
+            if p >= 0:
+                is_parent[p] = True
+        leaves = [i for i, flag in enumerate(is_parent) if not flag]
+        if not leaves or len(leaves) > self.tree_paths:
+            raise ValueError(f"a tree needs 1..{self.tree_paths} leaves (tree_paths), got {len(leaves)}")
+        depth = [0] * len(tokens)
+        paths: list[list[int]] = [[] for _ in tokens]  # the path sequences through each node
+        for j, leaf in enumerate(leaves, start=1):
+            i = leaf
+            while i >= 0:
+                paths[i].append(j)
+                i = parents[i]
+        for i, p in enumerate(parents):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        if pos0 + max(depth) >= self.n_ctx:
+            raise EdgeEagleError(f"The context window ({self.n_ctx} tokens) is full; start a new chat or raise n_ctx.")
+        for j in range(1, len(leaves) + 1):
+            self.memory.copy_seq(0, j)
+        rows = [(int(root), pos0, list(range(1, len(leaves) + 1)))]
+        rows += [(int(t), pos0 + d, sorted(s)) for t, d, s in zip(tokens, depth, paths)]
+        for i, (tok, pos, seqs) in enumerate(rows):
+            self._tok[i], self._pos[i], self._n_seq_id[i] = tok, pos, len(seqs)
+            for j, s in enumerate(seqs):
+                self._batch.seq_id[i][j] = s
+        self._out[:n] = 1
+        self._seq_rows = max(self._seq_rows, n)
+        self._tree_leaves, self._tree_parents = leaves, list(parents)
+        return self._run(n, n)
+
+    def keep_path(self, path: Sequence[int], pos0: int, root: int, tokens: Sequence[int]) -> None:
+        """After decode_tree(): sequence 0 takes the root and the nodes of `path` (node indices,
+        root to descendant, as accepted) at pos0..; every path sequence is dropped, and with
+        it the rejected nodes. tokens: the tree's node tokens."""
+        leaves = self._tree_leaves
+        seq = 1
+        if path:  # a path sequence through the deepest accepted node holds the whole path
+            seq = next(j for j, leaf in enumerate(leaves, start=1) if self._on_path(leaf, path[-1]))
+        self.memory.copy_seq(seq, 0, pos0, pos0 + len(path) + 1)
+        for j in range(1, len(leaves) + 1):
+            self.memory.remove_seq(j)
+        held = self.memory.tokens
+        if len(held) == pos0:
+            held.extend([int(root), *(int(tokens[i]) for i in path)])
+        else:
+            held.clear()
+
+    def _on_path(self, leaf: int, node: int) -> bool:
+        parents = self._tree_parents
+        i = leaf
+        while i >= 0:
+            if i == node:
+                return True
+            i = parents[i]
+        return False
 
     def prefill(self, tokens: Sequence[int], pos0: int = 0, seq: int = 0) -> DecodeResult:
         """Decode a long prompt in n_batch chunks; logits of the last token, features of all."""

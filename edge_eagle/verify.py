@@ -46,3 +46,45 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[in
             return i, int(d)
         return i, int(sampler.rng.choice(len(residual), p=residual / total))
     return len(drafts), sampler.sample(logits[len(drafts)])
+
+
+def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[list[int], int, list[int]]:
+    """logits [len(proposal)+1, V] of a tree verify batch (row 0 the last committed token,
+    row i+1 node i) -> (accepted nodes from the root down, next token, each accepted node's
+    rank among its siblings).
+
+    Greedy: follow the child that equals the target's argmax. Sampling: recursive rejection
+    over the siblings, in order: a child x is accepted with probability p(x) under the current
+    residual p, and on rejection p loses x and is renormalised; when every child is rejected
+    the token is drawn from what is left. Tree drafts are deterministic (point masses), so each
+    step draws exactly from p, whichever children were proposed: lossless."""
+    children: list[list[int]] = [[] for _ in range(len(proposal) + 1)]
+    for i, parent in enumerate(proposal.parents):
+        children[parent + 1].append(i)
+    tokens = proposal.tokens
+    path: list[int] = []
+    ranks: list[int] = []
+    row = 0
+    while True:
+        kids = children[row]
+        hit = None
+        if sampler.params.greedy:
+            best = int(np.argmax(logits[row]))
+            hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
+            if hit is None:
+                return path, best, ranks
+        else:
+            p = sampler.probs(logits[row])
+            for r, i in enumerate(kids):
+                x = tokens[i]
+                if sampler.rng.random() < p[x]:
+                    hit = r
+                    break
+                p[x] = 0.0
+                p /= p.sum()
+            if hit is None:
+                return path, int(sampler.rng.choice(len(p), p=p)), ranks
+        node = kids[hit]
+        path.append(node)
+        ranks.append(hit)
+        row = node + 1

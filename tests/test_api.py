@@ -175,7 +175,9 @@ def test_drafter_kv_is_no_larger_than_the_targets_context(tiny_target, tiny_draf
     with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], n_ctx=320) as ee:
         # llama.cpp pads a context to a multiple of 256 cells; the drafter's is never larger
         assert C.llama_n_ctx(ee.drafter.ctx) <= C.llama_n_ctx(ee.target.ctx) <= 512
-        assert C.llama_n_seq_max(ee.drafter.ctx) == 1
+        # tree sequences share one unified KV of n_ctx cells, not one stream each
+        assert C.llama_n_seq_max(ee.drafter.ctx) == 1 + ee.drafter.tree_branch_max
+        assert C.llama_n_seq_max(ee.target.ctx) == 1 + ee.target.tree_paths
 
 
 def test_the_loop_drives_any_draft_policy_through_one_protocol(engine):

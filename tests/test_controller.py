@@ -83,7 +83,8 @@ def test_auto_mode_is_lossless_and_adapts(tiny_target):
         for _ in range(3):
             gen = ee.generate("Once upon a time", max_tokens=60).result()
             assert gen.tokens == plain
-        assert gen.stats.k_history[-10:].count(0) >= 9  # always-wrong drafts: plain decoding
+        # always-wrong drafts: no chains beyond a probe (prompt lookup may still copy the tiny model's loops)
+        assert gen.stats.proposers.get("chain", 0) <= 1
 
 
 def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target, tiny_drafters):

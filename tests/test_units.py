@@ -130,6 +130,9 @@ def test_ngram_drafter_copies_what_followed_the_last_match():
     assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], 3).tokens == (4, 5, 9)
     assert d.propose([7, 8, 9], 3).tokens == ()
     assert d.propose([5, 6, 5], 2).tokens == (6, 5)
+    # inside a loop the copy runs into the end of the text and goes on as the loop would
+    assert d.propose([1, 2, 1, 2], 5).tokens == (1, 2, 1, 2, 1)
+    assert d.lookup([9, 1, 2, 3, 4, 1, 2, 3], 2) == (3, [4, 1])
 
 
 # --- proposals and policies ----------------------------------------------------------------
