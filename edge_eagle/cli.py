@@ -31,6 +31,22 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     _add_repack_arg(p)
 
 
+def _tree_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--tree takes a node budget of 1 or more, e.g. --tree 7 (got {value!r})")
+    return n
+
+
+def _add_tree_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tree", type=_tree_arg, default=None, metavar="N",
+                   help="draft a tree of N nodes per cycle (EAGLE-2 style, verified in one batch) instead of a "
+                        "chain of --k; EAGLE drafters only")
+
+
 def _add_repack_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repack", choices=["auto", "on", "off"], default=None,
                    help="llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would "
@@ -41,7 +57,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .api import EdgeEagle
 
     with EdgeEagle(args.target, args.drafter, k=args.k, p_min=args.p_min, n_ctx=args.n_ctx,
-                   n_gpu_layers=args.gpu_layers, n_threads=args.threads) as ee:
+                   n_gpu_layers=args.gpu_layers, n_threads=args.threads, tree=args.tree) as ee:
         kwargs: dict[str, Any] = dict(max_tokens=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                       seed=args.seed, stop=args.stop or ())
         use_chat = not args.raw and ee.target.chat_template
@@ -54,7 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         drafter = ee.drafter.name if ee.drafter is not None else "none"
         if args.json:
             print(json.dumps({"text": gen.text, "finish_reason": gen.finish_reason, "drafter": drafter,
-                              "target": os.path.basename(ee.target.path), "k": args.k,
+                              "target": os.path.basename(ee.target.path), "k": args.k, "tree": args.tree,
                               "stats": gen.stats.to_dict()}))
         else:
             s = gen.stats
@@ -184,7 +200,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from edge_eagle.tui.app import ChatOptions, run
 
     return run(ChatOptions(target=args.target, drafter=args.drafter, k=args.k, temperature=args.temp,
-                           p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers))
+                           p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
+                           tree=args.tree))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -195,6 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     opts = BenchOptions(prompts=args.prompts, limit=args.limit, every=args.every, max_tokens=args.n,
                         target=args.target, drafters=args.drafter or ["default"], ks=args.k, auto=not args.no_auto,
+                        trees=args.tree,
                         upstream=not args.no_upstream, build_upstream=args.build_upstream,
                         prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
@@ -243,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--k", type=_k_arg, default="auto",
                    help="draft length, or 'auto' (the default: picked per cycle, never slower than plain)")
+    _add_tree_arg(g)
     g.add_argument("--p-min", type=float, default=0.0, help="stop drafting below this drafter confidence")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
@@ -253,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(ch)
     ch.add_argument("-n", type=int, default=512, help="max tokens per reply (default 512)")
     ch.add_argument("--k", type=_k_arg, default="auto", help="draft length or 'auto' (default)")
+    _add_tree_arg(ch)
     ch.add_argument("--temp", type=float, default=0.0)
     ch.add_argument("--p-min", type=float, default=0.0)
     ch.set_defaults(func=cmd_chat)
@@ -323,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="compare plain, edge-eagle, llama.cpp's C++ loop, prompt lookup, "
                        "a draft model: speed and acceptance")
-    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, or a .jsonl file (default mtbench)")
+    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, repeat (answers that repeat their input; shipped), or a .jsonl "
+                        "file (default mtbench)")
     b.add_argument("--limit", type=int, default=None, help="use at most this many prompts")
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
     b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
@@ -331,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafter", action="append",
                    help="eagle3 GGUF (repeatable; default: the shipped drafter; 'none': no EAGLE runners)")
     b.add_argument("--k", type=int, nargs="*", default=[3], help="fixed draft lengths to run (default 3; none: --k)")
+    b.add_argument("--tree", type=_tree_arg, nargs="*", default=[], metavar="N",
+                   help="tree node budgets to run (edge-eagle tree=N; default none)")
     b.add_argument("--no-auto", action="store_true", help="skip the `edge-eagle auto` runner")
     b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")
     b.add_argument("--build-upstream", action="store_true", help="build llama.cpp's C++ loop if not cached")

@@ -10,11 +10,13 @@ formulas); while it decodes plainly it probes one short draft every `probe_every
 acceptance stays current. KController is a policy.DraftPolicy.
 
 Per cycle (plan()), the same comparison covers two more proposers:
-- prompt lookup: when the committed text's last n tokens occurred before (n = 3..2), a draft
-  of m <= lookup_max tokens copied from there costs c(m+1) (no drafter work) and yields
-  E_n(m), from a per-n acceptance model. That model learns on every cycle, for free: the
+- prompt lookup: when the committed text's last n tokens occurred before, a draft of
+  m <= lookup_max tokens copied from there costs c(m+1) (no drafter work) and yields E_n(m),
+  from an acceptance model per match length n (1, 2, 3, 4-7, 8-15, 16-31, 32: a long match
+  means the text is being copied). That model learns on every cycle, for free: the
   lookup made before a cycle is compared with the tokens the cycle committed, whichever
-  proposer ran (a shadow draft), so copying is noticed without paying for probes;
+  proposer ran (a shadow draft; a verified lookup is scored the same way, through its bonus
+  token), so copying is noticed without paying for probes;
 - a drafter tree of N nodes: E_tree(N) is the tracked mean tokens per tree cycle (prior: the
   chain of the same budget), its cost c(N+1) plus the measured tree drafting time.
 """
@@ -39,6 +41,8 @@ class AcceptanceModel:
     alpha: float = 0.03
     prior: float = 0.5
     prior_weight: float = 1.0
+    #: a position never observed borrows the deepest observed one's rate (else: the prior)
+    borrow: bool = True
     hits: list[float] = field(default_factory=list)
     seen: list[float] = field(default_factory=list)
 
@@ -55,7 +59,7 @@ class AcceptanceModel:
     def rate(self, i: int) -> float:
         """Position i's rate; a position never drafted yet borrows the deepest observed one's,
         so a drafter that is always right is allowed to draft deeper."""
-        while i > 0 and not self.seen[i]:
+        while self.borrow and i > 0 and not self.seen[i]:
             i -= 1
         return (self.hits[i] + self.prior * self.prior_weight) / (self.seen[i] + self.prior_weight)
 
@@ -94,7 +98,8 @@ class KController:
     tree_sizes: tuple[int, ...] = ()
     tree_alpha: float = 0.1
     _lookup_models: dict[int, AcceptanceModel] = field(default_factory=dict)
-    _shadow: tuple[int, int, list[int]] | None = None  # (n, committed length, lookup draft) of the last plan
+    #: the last plan's lookup: (n, committed length, draft, the committed list it was made for)
+    _shadow: tuple[int, int, list[int], Sequence[int]] | None = None
     _tree_tokens: dict[int, float] = field(default_factory=dict)  # N -> EMA of tokens per tree cycle
     _tree_draft_s: dict[int, float] = field(default_factory=dict)  # N -> EMA of drafting seconds per tree
     _last: Plan = field(default_factory=Plan)
@@ -148,10 +153,7 @@ class KController:
         kind, last = self._last.kind, self._last
         self._last = Plan()
         if kind == LOOKUP and drafted:
-            assert self._shadow is not None
-            self._lookup_model(self._shadow[0]).observe(drafted, accepted)
-            self._shadow = None  # observed for real
-            return
+            return  # plan() scores the whole lookup (through the bonus token) against what was committed
         if kind == TREE and drafted:
             n = last.n
             for table, value in ((self._tree_tokens, 1.0 + accepted), (self._tree_draft_s, draft_s)):
@@ -169,8 +171,14 @@ class KController:
     # --- per-cycle proposer --------------------------------------------------------------------
 
     def _lookup_model(self, n: int) -> AcceptanceModel:
+        n = 1 << (max(1, n).bit_length() - 1) if n > 3 else n  # match lengths 1, 2, 3, 4-7, 8-15, ...
         if n not in self._lookup_models:
-            self._lookup_models[n] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha)
+            # a shadow lookup during plain decoding sees one position only. After a match of 4 or
+            # more tokens (copying) deeper positions borrow its rate; after a short one they do
+            # not: text that repeats a token or two does not repeat a whole draft. A match of 8 or
+            # more starts from a higher prior (copying text verbatim tends to go on)
+            self._lookup_models[n] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha, borrow=n >= 4,
+                                                     prior=0.8 if n >= 8 else 0.5)
         return self._lookup_models[n]
 
     def lookup_speedup(self, n: int, m: int) -> float:
@@ -190,8 +198,8 @@ class KController:
     def plan(self, tokens: Sequence[int]) -> Plan:
         """This cycle's proposer, from the committed tokens: the best predicted of plain decoding,
         a chain (choose(), with its probes), a prompt-lookup draft and the tree budgets."""
-        if self._shadow is not None:  # score the last cycle's lookup against what it committed
-            n, length, draft = self._shadow
+        if self._shadow is not None and self._shadow[3] is tokens:  # score the last cycle's lookup
+            n, length, draft, _ = self._shadow                        # against what it committed
             new = list(tokens[length:])
             seen = min(len(draft), len(new))
             hits = 0
@@ -199,7 +207,7 @@ class KController:
                 hits += 1
             if seen:
                 self._lookup_model(n).observe(seen, hits)
-            self._shadow = None
+        self._shadow = None
         k = self.choose()
         best, gain = (Plan(CHAIN, k), self.speedup(k)) if k else (Plan(), 1.0)
         if self._probing:
@@ -207,7 +215,7 @@ class KController:
         if self.lookup is not None:
             n, draft = self.lookup.lookup(tokens, self.lookup_max)
             if draft:
-                self._shadow = (n, len(tokens), draft)
+                self._shadow = (n, len(tokens), draft, tokens)
                 m = max(range(1, len(draft) + 1), key=lambda i: self.lookup_speedup(n, i))
                 s = self.lookup_speedup(n, m)
                 if s > max(gain, 1.0 + self.margin):

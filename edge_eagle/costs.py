@@ -8,7 +8,8 @@ c(k+1) + k d and yields E(k) tokens (the accepted drafts and the bonus), so
 
 Measured here: c(n) from timed target decodes (measure_batch_costs); d from drafting time per
 drafted token. On memory-bound hardware (consumer GPUs, Apple Silicon) a batch of up to
-MEMORY_BOUND_MAX_N tokens costs about one: c(n) = 1 there. Plain numbers in, numbers out; the
+MEMORY_BOUND_MAX_N tokens costs about one: c(n) = 1 there (and n / MEMORY_BOUND_MAX_N
+beyond). A tree of N nodes costs c(N+1) plus one drafter batch per depth level. Plain numbers in, numbers out; the
 k controller (controller.py) and `edge-eagle bench` both use these.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Mapping
 
-MEMORY_BOUND_MAX_N = 8  # the projection: a batch of up to 8 tokens costs one step
+MEMORY_BOUND_MAX_N = 8  # the projection: a batch of up to 8 tokens costs one step (the knee)
 DEFAULT_D = 0.2  # drafter step cost assumed before any is measured
 
 
@@ -41,9 +42,17 @@ def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
     return best
 
 
-def memory_bound_cost(n: int) -> float | None:
-    """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (None beyond)."""
-    return 1.0 if n <= MEMORY_BOUND_MAX_N else None
+def memory_bound_cost(n: int) -> float:
+    """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (the knee), then
+    growing in proportion (a batch of 2 x MEMORY_BOUND_MAX_N costs two steps): a pessimistic
+    line past the knee, where a GPU has not been measured yet."""
+    return max(1.0, n / MEMORY_BOUND_MAX_N)
+
+
+def tree_cycle_cost(c_n1: float, depth_levels: float, d: float) -> float:
+    """A tree cycle of N nodes: c(N+1) for the verify batch plus one drafter batch per depth
+    level (a batch of a few rows costs about one row where batches are cheap)."""
+    return c_n1 + depth_levels * d
 
 
 def cycle_cost(c_k1: float, k: int, d: float) -> float:

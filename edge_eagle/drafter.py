@@ -62,10 +62,13 @@ class NgramDrafter(Drafter):
 
     name = "prompt-lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, extend_max: int = 32):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram, self.extend_max = max_ngram, min_ngram, extend_max
+        self._seq: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in _ends
 
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         return Proposal.chain(self.lookup(tokens, k)[1])
@@ -73,20 +76,48 @@ class NgramDrafter(Drafter):
     def lookup(self, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
         """(n, k tokens): what followed the latest earlier occurrence of the last n tokens,
         for the largest n in max_ngram..min_ngram that occurs; (0, []) if none does. Where the
-        copy runs into the end of the text (a loop), it goes on as the loop would."""
-        seq = np.asarray(tokens, dtype=np.int64)
+        copy runs into the end of the text (a loop), it goes on as the loop would. A match of
+        max_ngram tokens reports how long it really is, up to extend_max (a long one: copying).
+
+        An index of every n-gram's latest end position grows with the sequence, so a lookup
+        costs O(1) per new token while the caller only appends (the loop does); any other
+        sequence rebuilds it."""
+        seq = self._index(tokens)
         n_seq = len(seq)
         for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
-            tail = seq[n_seq - n:]
-            windows = np.lib.stride_tricks.sliding_window_view(seq[:n_seq - 1], n)
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if len(hits):
-                # what followed, and past the end of the text what the copy itself predicts:
-                # a continuation of P = n_seq - start tokens repeats with period P
-                start = int(hits[-1]) + n
-                period = n_seq - start
-                return n, [int(seq[start + j % period]) for j in range(k)]
+            end = self._ends.get(tuple(seq[n_seq - n:]))
+            if end is None:
+                continue
+            # what followed, and past the end of the text what the copy itself predicts:
+            # a continuation of P = n_seq - start tokens repeats with period P
+            start = end + 1
+            period = n_seq - start
+            hit = start - n
+            if n == self.max_ngram:  # how far back the match really goes (copying: far)
+                while n < self.extend_max and hit > 0 and seq[hit - 1] == seq[n_seq - n - 1]:
+                    hit -= 1
+                    n += 1
+            return n, [seq[start + j % period] for j in range(k)]
         return 0, []
+
+    def _index(self, tokens: Sequence[int]) -> list[int]:
+        """The indexed copy of tokens: n-grams ending at 0..len-2 (every occurrence that has a
+        continuation) map to their latest end. A sequence that does not continue the indexed
+        one (checked at its first, middle and last indexed token: a stale index could only
+        cost acceptance, never correctness) is indexed anew."""
+        seq = self._seq
+        n_old = len(seq)
+        if n_old and (len(tokens) < n_old or any(tokens[i] != seq[i] for i in (0, n_old // 2, n_old - 1))):
+            seq, n_old = [], 0
+            self._ends, self._indexed = {}, 0
+        seq.extend(int(t) for t in tokens[n_old:])
+        self._seq = seq
+        ends = self._ends
+        for j in range(self._indexed, len(seq) - 1):
+            for n in range(1, min(self.max_ngram, j + 1) + 1):
+                ends[tuple(seq[j - n + 1:j + 1])] = j
+        self._indexed = max(self._indexed, len(seq) - 1)
+        return seq
 
 
 class NoDrafter(Drafter):

@@ -31,6 +31,7 @@ class SpecStats:
     context_full: bool = False  # the generation stopped because the context window filled
     proposers: dict[str, int] = field(default_factory=dict)  # verify steps per proposer (plain, chain, tree, lookup)
     tree_nodes: int = 0  # nodes verified by tree steps
+    tree_depths: int = 0  # the trees' depths, summed (drafter batches per tree cycle, on average)
     #: per accepted depth, how often the accepted node was its parent's 1st, 2nd, ... candidate
     accepted_rank_at: list[list[int]] = field(default_factory=list)
 
@@ -48,6 +49,7 @@ class SpecStats:
         reach = n_drafted if depth is None else depth
         if kind == "tree":
             self.tree_nodes += n_drafted
+            self.tree_depths += reach
         while len(self.drafted_at) < reach:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -67,6 +69,12 @@ class SpecStats:
         """Mean nodes per tree verify step (0 without trees)."""
         n = self.proposers.get("tree", 0)
         return self.tree_nodes / n if n else 0.0
+
+    @property
+    def tree_depth_mean(self) -> float:
+        """Mean depth of the verified trees (0 without trees)."""
+        n = self.proposers.get("tree", 0)
+        return self.tree_depths / n if n else 0.0
 
     @property
     def accepted_depth_mean(self) -> float:
@@ -127,6 +135,7 @@ class SpecStats:
         for kind, n in other.proposers.items():
             self.proposers[kind] = self.proposers.get(kind, 0) + n
         self.tree_nodes += other.tree_nodes
+        self.tree_depths += other.tree_depths
         for d, row in enumerate(other.accepted_rank_at):
             while len(self.accepted_rank_at) <= d:
                 self.accepted_rank_at.append([])
@@ -165,6 +174,7 @@ class SpecStats:
             "k_last": self.k_last,
             "proposers": dict(self.proposers),
             "tree_nodes_mean": round(self.tree_nodes_mean, 3),
+            "tree_depth_mean": round(self.tree_depth_mean, 3),
             "accepted_depth_mean": round(self.accepted_depth_mean, 3),
             "accepted_rank_at": [list(r) for r in self.accepted_rank_at],
             "generated_tokens": self.generated,

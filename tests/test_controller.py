@@ -96,6 +96,7 @@ def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target
         ctl = ee.auto_controller()
         ctl.acceptance = AcceptanceModel(ee.k_max, prior=0.0)  # drafts look worthless: plain decoding
         ctl.probe_every, ctl.idle_window = 30, 5
+        ctl.lookup = None  # the tiny model's loops would be copied by prompt lookup instead of probed
         switches = []
         set_capture = ee.target.set_capture
         ee.target.set_capture = lambda ids: (switches.append(tuple(ids)), set_capture(ids))[1]

@@ -133,6 +133,36 @@ def test_ngram_drafter_copies_what_followed_the_last_match():
     # inside a loop the copy runs into the end of the text and goes on as the loop would
     assert d.propose([1, 2, 1, 2], 5).tokens == (1, 2, 1, 2, 1)
     assert d.lookup([9, 1, 2, 3, 4, 1, 2, 3], 2) == (3, [4, 1])
+    # a match of max_ngram tokens reports its real length (copying goes far back)
+    assert d.lookup([7, 5, 6, 1, 2, 3, 9, 5, 6, 1, 2, 3], 2) == (5, [9, 5])
+
+
+def _lookup_by_search(seq, k, max_ngram=3, extend_max=32):
+    """The definition of NgramDrafter.lookup, by brute-force search."""
+    length = len(seq)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        hits = [h for h in range(length - n) if seq[h:h + n] == seq[length - n:]]
+        if hits:
+            hit, start = hits[-1], hits[-1] + n
+            if n == max_ngram:
+                while n < extend_max and hit > 0 and seq[hit - 1] == seq[length - n - 1]:
+                    hit, n = hit - 1, n + 1
+            return n, [seq[start + j % (length - start)] for j in range(k)]
+    return 0, []
+
+
+def test_ngram_index_grows_with_the_sequence_and_matches_a_full_search():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(100):
+        d = NgramDrafter()
+        seq = [rng.randrange(5) for _ in range(3)]
+        for _ in range(40):  # the loop only appends
+            assert d.lookup(seq, 5) == _lookup_by_search(seq, 5)
+            seq += [rng.randrange(5) for _ in range(rng.randint(1, 3))]
+        other = [rng.randrange(5) for _ in range(25)]  # a new request: indexed anew
+        assert d.lookup(other, 4) == _lookup_by_search(other, 4)
 
 
 # --- proposals and policies ----------------------------------------------------------------

@@ -35,6 +35,7 @@ class ChatOptions:
     max_tokens: int = 512
     n_ctx: int = 4096
     n_gpu_layers: int = 0
+    tree: int | None = None  # draft trees of this many nodes instead of chains (EAGLE drafters)
 
 
 class EdgeEagleChat(App):
@@ -55,6 +56,7 @@ class EdgeEagleChat(App):
         Binding("f5", "temperature(0.1)", "temp+"),
         Binding("f6", "p_min(-0.1)", "p_min−"),
         Binding("f7", "p_min(0.1)", "p_min+"),
+        Binding("f10", "tree", "Tree"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+q", "quit", "Quit"),
@@ -114,7 +116,7 @@ class EdgeEagleChat(App):
         o = self.options
         try:
             engine = EdgeEagle(o.target, o.drafter, k=o.k, p_min=o.p_min, n_ctx=o.n_ctx,
-                               n_gpu_layers=o.n_gpu_layers)
+                               n_gpu_layers=o.n_gpu_layers, tree=o.tree)
             self.post_message(self.Loaded(engine, None))
         except EdgeEagleError as e:
             self.post_message(self.Loaded(None, str(e)))
@@ -157,7 +159,7 @@ class EdgeEagleChat(App):
         o = self.options
         try:
             gen = self.engine.chat(messages, max_tokens=o.max_tokens, temperature=o.temperature, k=o.k,
-                                   p_min=o.p_min, speculative=self.speculative)
+                                   p_min=o.p_min, speculative=self.speculative, tree=o.tree or 0)
         except EdgeEagleError as e:
             self.post_message(self.Finished(reply, None, None, str(e)))
             return
@@ -209,9 +211,9 @@ class EdgeEagleChat(App):
             self.generation.cancel()
 
     def _show_settings(self) -> None:
-        name = self.engine.drafter.name if self.engine is not None and self.engine.drafter is not None else "none"
+        drafter = self.engine.drafter if self.engine is not None else None
         o = self.options
-        self.query_one(StatsPanel).show_settings(self.speculative, name, o.k, o.temperature, o.p_min)
+        self.query_one(StatsPanel).show_settings(self.speculative, drafter, o.k, o.temperature, o.p_min, o.tree)
 
     def action_toggle_speculation(self) -> None:
         self.speculative = not self.speculative
@@ -229,6 +231,17 @@ class EdgeEagleChat(App):
         value = -1 if k == "auto" else int(k)
         value = max(-1, min(16, value + delta))
         self.options.k = "auto" if value < 0 else value
+        self._show_settings()
+
+    def action_tree(self) -> None:
+        """Cycle chains -> trees of 7, 15 nodes -> chains (EAGLE drafters only)."""
+        drafter = self.engine.drafter if self.engine is not None else None
+        if not getattr(drafter, "supports_trees", False):
+            self.notify("Tree drafting needs an EAGLE drafter.")
+            return
+        order = [None, 7, 15]
+        self.options.tree = order[(order.index(self.options.tree) + 1) % len(order)
+                                  if self.options.tree in order else 0]
         self._show_settings()
 
     def action_temperature(self, delta: float) -> None:

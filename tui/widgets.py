@@ -73,6 +73,21 @@ class ChatMessage(Vertical):
             self.set_footer(self.footer)
 
 
+def drafter_label(drafter, width: int = 40) -> tuple[str, str]:
+    """(kind, file) of a drafter for the settings panel, the file name shortened in the middle
+    to fit the panel on one line."""
+    if drafter is None:
+        return "no drafter", ""
+    spec = getattr(drafter, "spec", None)
+    kind = spec.version if spec is not None else drafter.name
+    path = getattr(drafter, "path", "")
+    file = path.rsplit("/", 1)[-1] if path else ""
+    if len(file) > width:
+        half = (width - 1) // 2
+        file = file[:half] + "…" + file[-(width - 1 - half):]
+    return kind, file
+
+
 def bar(fraction: float, width: int = 16) -> str:
     full = max(0, min(width, round(fraction * width)))
     return "█" * full + "░" * (width - full)
@@ -95,23 +110,29 @@ class StatsPanel(Vertical):
         yield Static(id="message")
         yield Label("Session", classes="title")
         yield Static(id="session")
-        yield Label("Acceptance by draft position", classes="title")
+        yield Label("Acceptance by draft depth", classes="title")
         yield Static(id="bars")
         yield Label("tokens/s per message", classes="title")
         yield Sparkline([], id="speed")
 
-    def show_settings(self, speculative: bool, drafter: str, k: int | str, temperature: float, p_min: float) -> None:
-        mode = f"[b green]ON[/] ({drafter})" if speculative else "[b red]OFF[/] (plain decoding)"
+    def show_settings(self, speculative: bool, drafter, k: int | str, temperature: float, p_min: float,
+                      tree: int | None = None) -> None:
+        kind, file = drafter_label(drafter)
+        mode = f"[b green]ON[/] · {kind}" if speculative else "[b red]OFF[/] · plain decoding"
+        shape = f"tree {tree}" if tree else f"k {k}"
         self.query_one("#settings", Static).update(
-            f"speculation {mode}\nk {k}   temp {temperature:.2f}   p_min {p_min:.2f}")
+            f"speculation {mode}\n{file}\n{shape}   temp {temperature:.2f}   p_min {p_min:.2f}")
 
     @staticmethod
     def _figures(s: SpecStats) -> str:
         total = s.t_total or 1.0
+        used = " ".join(f"{kind} {n}" for kind, n in sorted(s.proposers.items()) if n)
+        tree = f"\ntree {s.tree_nodes_mean:.1f} nodes, accepted depth {s.accepted_depth_mean:.2f}" if s.tree_nodes else ""
         return (f"tau [b]{s.tau:.2f}[/]   {s.tokens_per_second:.1f} tok/s   "
                 f"k now {s.k_last} (mean {s.k_mean:.1f})\n"
                 f"accepted {s.accepted} / drafted {s.drafted}"
                 f" ({100 * s.acceptance_rate:.0f}%)\n"
+                f"steps: {used or '-'}{tree}\n"
                 f"time: verify {100 * s.t_verify / total:.0f}%  draft {100 * s.t_draft / total:.0f}%"
                 f"  overhead {100 * s.t_overhead / total:.0f}%")
 
@@ -122,5 +143,11 @@ class StatsPanel(Vertical):
         self.query_one("#session", Static).update(self._figures(stats))
         rates = stats.per_position_acceptance
         lines = [f"{i + 1:>2} {bar(r)} {100 * r:3.0f}%" for i, r in enumerate(rates)] or ["(no drafts yet)"]
+        if stats.accepted_rank_at:  # trees: which candidate of its depth the accepted node was
+            lines.append("tree: accepted candidate's rank")
+            for d, row in enumerate(stats.accepted_rank_at):
+                n = sum(row) or 1
+                lines.append(f"{d + 1:>2} " + "  ".join(f"#{r + 1} {100 * c / n:.0f}%" for r, c in enumerate(row[:3]))
+                             + (f"  #4+ {100 * sum(row[3:]) / n:.0f}%" if len(row) > 3 else ""))
         self.query_one("#bars", Static).update("\n".join(lines))
         self.query_one("#speed", Sparkline).data = list(speeds) or [0.0]

@@ -15,6 +15,7 @@ class BenchOptions:
     target: str | None = None  # None: the embedded default target
     drafters: list[str] = field(default_factory=lambda: ["default"])
     ks: list[int] = field(default_factory=lambda: [3])
+    trees: list[int] = field(default_factory=list)  # tree node budgets to run (edge-eagle tree=N)
     auto: bool = True
     upstream: bool = True  # the C++ loop, when its binary is built (or build_upstream)
     build_upstream: bool = False

@@ -1,5 +1,5 @@
-"""Prompt sets for `edge-eagle bench`: MT-bench, HumanEval, GSM8K (from PyPI packages) or
-a user jsonl. Each prompt is one user turn with a category; bench applies the target's
+"""Prompt sets for `edge-eagle bench`: MT-bench, HumanEval (from PyPI packages), the shipped
+`repeat` set (answers that repeat their input), or a user jsonl. Each prompt is one user turn with a category; bench applies the target's
 chat template."""
 
 from __future__ import annotations
@@ -53,7 +53,13 @@ def humaneval() -> list[BenchPrompt]:
             for r in rows]
 
 
-BUILTIN = {"mtbench": mtbench, "humaneval": humaneval}
+def repeat() -> list[BenchPrompt]:
+    """12 prompts whose answers repeat their input (copy a paragraph, edit code and print it
+    whole, reformat a list), shipped with edge-eagle: where prompt lookup should pay."""
+    return load_jsonl(Path(__file__).parent / "data" / "repeat.jsonl")
+
+
+BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "repeat": repeat}
 
 
 def load_jsonl(path: str | Path) -> list[BenchPrompt]:

@@ -45,7 +45,7 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         bar = tqdm(total=len(prompts) * len(runners) + n_mem + 2, desc="bench", unit="run", disable=not progress,
                    file=sys.stderr)
         bar.set_postfix_str("measuring target costs")
-        costs = measure_batch_costs(bench.engines[0].target, max([8] + list(opts.ks)) + 1, reps=5)
+        costs = measure_batch_costs(bench.engines[0].target, max([8, *opts.ks, *opts.trees]) + 1, reps=5)
         bar.update(1)
         if opts.warmup:
             tokens, text = bench.prompt_tokens(prompts[0])

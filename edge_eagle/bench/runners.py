@@ -46,6 +46,7 @@ class Runner:
     name: str = "runner"
     kind: str = "plain"  # plain | edge-eagle | upstream | prompt-lookup | draft-model
     k: int | str | None = None
+    tree: int | None = None  # edge-eagle drafting trees of this many nodes
     drafter: str | None = None
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
@@ -56,20 +57,24 @@ class Runner:
 
 
 class EngineRunner(Runner):
-    """Plain decoding (k None) or edge-eagle with a fixed k or "auto", on an EdgeEagle engine."""
+    """Plain decoding (k None), or edge-eagle with a fixed k, "auto", or trees of `tree` nodes,
+    on an EdgeEagle engine."""
 
-    def __init__(self, engine, k: int | str | None, drafter: str | None = None, label: str | None = None):
-        self.engine, self.k, self.drafter = engine, k, drafter
-        if k is None:
+    def __init__(self, engine, k: int | str | None, drafter: str | None = None, label: str | None = None,
+                 tree: int | None = None):
+        self.engine, self.k, self.drafter, self.tree = engine, k, drafter, tree
+        if k is None and tree is None:
             self.name, self.kind = "plain", "plain"
         else:
             self.kind = "edge-eagle"
             label = f" [{label}]" if label else ""
-            self.name = f"edge-eagle {'auto' if k == 'auto' else f'k={k}'}{label}"
+            shape = f"tree={tree}" if tree else ("auto" if k == "auto" else f"k={k}")
+            self.name = f"edge-eagle {shape}{label}"
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
-        gen = self.engine.generate(list(tokens), max_tokens=n, speculative=self.k is not None,
-                                   k=self.k if self.k is not None else 0).result()
+        speculative = self.k is not None or self.tree is not None
+        gen = self.engine.generate(list(tokens), max_tokens=n, speculative=speculative,
+                                   k=self.k if self.k is not None else 0, tree=self.tree or 0).result()
         s = gen.stats
         return RunResult(text=gen.text, tokens=list(gen.tokens), generated=s.generated, seconds=s.t_total,
                          stats=s, timed=True)

@@ -76,6 +76,8 @@ class Bench:
                 self.runners.append(EngineRunner(eng, None))
             for k in [*o.ks, *(["auto"] if o.auto else [])]:
                 self.runners.append(EngineRunner(eng, k, dpath, label=label(dpath) if many else None))
+            for n in o.trees:
+                self.runners.append(EngineRunner(eng, None, dpath, label=label(dpath) if many else None, tree=n))
 
     def _echo(self, tokens: list[int]) -> str:
         """The text llama.cpp's tools print for a prompt (special tokens as text)."""

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..costs import MEMORY_BOUND_MAX_N, memory_bound_cost, predicted_speedup
+from ..costs import MEMORY_BOUND_MAX_N, memory_bound_cost, predicted_speedup, tree_cycle_cost
 from ..stats import SpecStats
 from .divergence import greedy_equal
 from .options import label
@@ -38,7 +38,7 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
     # drafter step cost relative to one target step: edge-eagle's drafting time per drafted token
     d_rel: dict[str, float] = {}
     for r in bench.runners:
-        if r.kind == "edge-eagle" and r.k != "auto":
+        if r.kind == "edge-eagle" and isinstance(r.k, int):
             total = SpecStats.total(x.stats for x in results[r.name] if x.stats is not None)
             if total.drafted:
                 d_rel[r.drafter or ""] = (total.t_draft / total.drafted) / c1
@@ -70,6 +70,12 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
                                    "overhead": round(sum(x.t_overhead for x in spec) / tot, 4)}
         if r.kind == "edge-eagle" and r.k == "auto":
             entry["k_mean"] = round(statistics.mean(x.k_mean for x in spec), 3) if spec else None
+        if spec and r.kind == "edge-eagle" and (r.tree or r.k == "auto"):
+            t = SpecStats.total(spec)
+            entry.update({"tree": r.tree, "tree_nodes_mean": round(t.tree_nodes_mean, 3),
+                          "tree_depth_mean": round(t.tree_depth_mean, 3),
+                          "accepted_rank_at": [list(row) for row in t.accepted_rank_at],
+                          "proposers": dict(t.proposers)})
         rss = peak.get(r.name) or max((x.peak_rss or 0 for x in rs), default=0)
         entry["peak_rss_mb"] = round(rss / 2**20, 1) if rss else None
         eq = sum(greedy_equal(x, p, o.max_tokens) for x, p in zip(rs, plain))
@@ -98,8 +104,9 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
                     "categories": sorted({p.category for p in prompts})},
         "cost_model": {"target_step_s": round(c1, 6), "c": {str(n): round(v, 4) for n, v in c_rel.items()},
                        "drafter_step": {(label(k) if k else "drafter"): round(v, 4) for k, v in d_rel.items()},
-                       "formula": "speedup(k) = tau / (c(k+1) + k * d); memory-bound: c(n) = 1 for n <= "
-                                  f"{MEMORY_BOUND_MAX_N}"},
+                       "formula": "speedup(k) = tau / (c(k+1) + k * d); tree of N nodes: tau / (c(N+1) + "
+                                  "depth * d); memory-bound: c(n) = 1 for n <= "
+                                  f"{MEMORY_BOUND_MAX_N}, n / {MEMORY_BOUND_MAX_N} beyond"},
         "runners": runners_out,
         "numeric_noise_logits": noise,
         "skipped": bench.skipped,
@@ -107,8 +114,16 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
 
 
 def predict(r: Runner, entry: dict[str, Any], c_rel: dict[int, float], d_rel: dict[str, float]) -> dict[str, Any]:
-    """The cost model's speedup from the measured tau: tau / (c(k+1) + k d), here and memory-bound."""
+    """The cost model's speedup from the measured tau: tau / (c(k+1) + k d), here and memory-bound;
+    for a tree of N nodes, tau / (c(N+1) + depth d), with its measured mean depth."""
     tau, k = entry.get("tau"), r.k
+    if r.tree and tau is not None:
+        d = d_rel.get(r.drafter or "", None)
+        n1, depth = r.tree + 1, entry.get("tree_depth_mean") or 0.0
+        if d is None or n1 not in c_rel:
+            return {"predicted_speedup": None, "predicted_speedup_memory_bound": None}
+        return {"predicted_speedup": round(tau / tree_cycle_cost(c_rel[n1], depth, d), 4),
+                "predicted_speedup_memory_bound": round(tau / tree_cycle_cost(memory_bound_cost(n1), depth, d), 4)}
     if tau is None or not isinstance(k, int):
         return {"predicted_speedup": 1.0 if r.kind == "plain" else None,
                 "predicted_speedup_memory_bound": 1.0 if r.kind == "plain" else None}
@@ -116,7 +131,6 @@ def predict(r: Runner, entry: dict[str, Any], c_rel: dict[int, float], d_rel: di
     if d is None or (k + 1) not in c_rel:
         return {"predicted_speedup": None, "predicted_speedup_memory_bound": None}
     here = predicted_speedup(tau, k, c_rel[k + 1], d)
-    bound = memory_bound_cost(k + 1)
-    gpu = predicted_speedup(tau, k, bound, d) if bound is not None else None
-    return {"predicted_speedup": round(here, 4), "predicted_speedup_memory_bound": round(gpu, 4) if gpu else None}
+    gpu = predicted_speedup(tau, k, memory_bound_cost(k + 1), d)
+    return {"predicted_speedup": round(here, 4), "predicted_speedup_memory_bound": round(gpu, 4)}
 
