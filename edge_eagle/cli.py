@@ -190,7 +190,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                             features=Path(args.features) if args.features else None, layers=args.layers,
                             max_tokens=args.max_tokens, regenerate=args.regenerate, max_prompt=args.max_prompt,
                             max_new=args.max_new, gguf=args.gguf, outtype=args.outtype, progress=not args.json,
-                            parallel=args.parallel, turns=args.turns, resume=args.resume, log=log)
+                            parallel=args.parallel, turns=args.turns, resume=args.resume, log=log,
+                            n_gpu_layers=args.gpu_layers, n_threads=args.threads)
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -212,7 +213,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     opts = BenchOptions(prompts=args.prompts, limit=args.limit, every=args.every, max_tokens=args.n,
                         target=args.target, drafters=args.drafter or ["default"], ks=args.k, auto=not args.no_auto,
-                        trees=args.tree,
+                        trees=args.tree, n_gpu_layers=args.gpu_layers,
                         upstream=not args.no_upstream, build_upstream=args.build_upstream,
                         prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
@@ -330,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-rows", type=int, default=2048)
     t.add_argument("--draft-vocab", type=int, default=8192)
     t.add_argument("--norms", choices=["eagle3.1", "eagle3"], default="eagle3.1")
-    t.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    t.add_argument("--device", default="cpu", help="where training runs: cpu, cuda or mps")
+    t.add_argument("--gpu-layers", type=int, default=0, help="target layers on the GPU during extraction (-1: all)")
     t.add_argument("--threads", type=int, default=None)
     _add_repack_arg(t)
     t.add_argument("--seed", type=int, default=0)
@@ -362,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-model-k", type=int, default=3)
     b.add_argument("--n-ctx", type=int, default=2048)
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--gpu-layers", type=int, default=0,
+                   help="layers on the GPU for every runner, target and drafter (-1: all)")
     _add_repack_arg(b)
     b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")
     b.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and the plots")

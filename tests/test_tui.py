@@ -120,6 +120,43 @@ def test_toggles_and_settings(engine):
     asyncio.run(run())
 
 
+def test_tree_mode_shows_tree_figures_and_a_one_line_drafter_label(engine):
+    async def run():
+        app = EdgeEagleChat(ChatOptions(max_tokens=24, k=3), engine=engine)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            settings = _static(app, "#settings").splitlines()
+            # the drafter's kind and its file on their own lines, each within the panel
+            assert "EAGLE-3.1" in settings[0] and all(len(line) <= 42 for line in settings)
+            await pilot.press("f10")  # chains -> trees of 7 nodes
+            await pilot.pause()
+            assert "tree 7" in _static(app, "#settings") and app.options.tree == 7
+            await _ask(pilot, app, "Tell me a story")
+            await _idle(pilot, app)
+            s = engine.last_stats
+            assert s.proposers.get("tree", 0) > 0 and s.tree_nodes_mean > 1
+            assert "tree" in _static(app, "#message") and "nodes" in _static(app, "#message")
+            if s.accepted:
+                assert "rank" in _static(app, "#bars")
+            await pilot.press("f10", "f10")  # -> 15 -> chains again
+            await pilot.pause()
+            assert app.options.tree is None and "k 3" in _static(app, "#settings")
+    asyncio.run(run())
+
+
+def test_tree_stats_render_each_depth_and_rank():
+    from edge_eagle.stats import SpecStats
+    from edge_eagle.tui.widgets import StatsPanel
+
+    s = SpecStats()
+    s.record_step(7, 2, kind="tree", depth=3, ranks=[0, 1])
+    s.record_step(7, 1, kind="tree", depth=2, ranks=[2])
+    assert s.accepted_rank_at == [[1, 0, 1], [0, 1]]
+    assert s.tree_nodes_mean == 7 and s.tree_depth_mean == 2.5 and s.per_position_acceptance == [1.0, 0.5, 0.0]
+    text = StatsPanel._figures(s)
+    assert "tree 7.0 nodes" in text and "steps: tree 2" in text
+
+
 def test_bad_model_shows_a_message_not_a_traceback(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all" * 10)

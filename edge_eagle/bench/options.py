@@ -24,6 +24,7 @@ class BenchOptions:
     draft_model_k: int = 3
     n_ctx: int = 2048
     threads: int | None = None
+    n_gpu_layers: int = 0  # layers on the GPU, for every runner (target and drafter)
     memory: bool = True  # measure each runner's peak RSS in a child process
     warmup: bool = True
 
