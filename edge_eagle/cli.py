@@ -184,7 +184,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
-                        seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every, init=args.init)
+                        seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every, init=args.init,
+                        ffn=args.ffn, freeze_head=args.freeze_head)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
     summary = train_drafter(args.target, args.data, Path(args.out), opts,
                             features=Path(args.features) if args.features else None, layers=args.layers,
@@ -330,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-rows", type=int, default=2048)
     t.add_argument("--draft-vocab", type=int, default=8192)
+    t.add_argument("--ffn", type=int, default=None, help="the decoder's FFN width (default: the target's)")
+    t.add_argument("--freeze-head", action="store_true", help="keep the lm_head at the target's rows (a ladder rung)")
     t.add_argument("--norms", choices=["eagle3.1", "eagle3"], default="eagle3.1")
     t.add_argument("--device", default="cpu", help="where training runs: cpu, cuda or mps")
     t.add_argument("--gpu-layers", type=int, default=0, help="target layers on the GPU during extraction (-1: all)")

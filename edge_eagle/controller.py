@@ -185,6 +185,19 @@ class KController:
         """Predicted speedup of an m-token lookup draft found by an n-gram match (no drafter cost)."""
         return predicted_speedup(self._lookup_model(n).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
 
+    def _best_lookup(self, n: int, m_max: int) -> tuple[int, float]:
+        """argmax over m = 1..m_max of lookup_speedup(n, m), and its value, in one pass."""
+        model = self._lookup_model(n)
+        c = self.costs.c_table(m_max + 1)
+        best, best_s, expected, reach = 1, 0.0, 1.0, 1.0
+        for m in range(1, m_max + 1):
+            reach *= model.rate(m - 1)
+            expected += reach
+            s = expected / c[m + 1]
+            if s > best_s:
+                best, best_s = m, s
+        return best, best_s
+
     def tree_speedup(self, n: int) -> float:
         assert self.acceptance is not None
         expected = self._tree_tokens.get(n, self.acceptance.expected_tokens(min(n, self.k_max)))
@@ -216,8 +229,7 @@ class KController:
             n, draft = self.lookup.lookup(tokens, self.lookup_max)
             if draft:
                 self._shadow = (n, len(tokens), draft, tokens)
-                m = max(range(1, len(draft) + 1), key=lambda i: self.lookup_speedup(n, i))
-                s = self.lookup_speedup(n, m)
+                m, s = self._best_lookup(n, len(draft))
                 if s > max(gain, 1.0 + self.margin):
                     best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s
         for n in self.tree_sizes:

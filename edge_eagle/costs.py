@@ -42,6 +42,21 @@ def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
     return best
 
 
+def relative_costs(verify_s: Mapping[int, float], n_max: int) -> list[float]:
+    """[c(0) = 0, c(1), ..., c(n_max)] in one pass: relative_cost for every n at once."""
+    one = verify_s.get(1)
+    if not one:
+        return [0.0] + [float(n) for n in range(1, n_max + 1)]
+    out, best, known = [0.0, 1.0], 1.0, 1
+    for m in range(2, n_max + 1):
+        if m in verify_s:
+            best, known = max(best, verify_s[m] / one), m
+        else:
+            best = max(best, verify_s[known] / one * m / known)
+        out.append(best)
+    return out[: n_max + 1]
+
+
 def memory_bound_cost(n: int) -> float:
     """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (the knee), then
     growing in proportion (a batch of 2 x MEMORY_BOUND_MAX_N costs two steps): a pessimistic
@@ -86,6 +101,10 @@ class CostModel:
 
     def c(self, n: int) -> float:
         return relative_cost(self.verify_s, n)
+
+    def c_table(self, n_max: int) -> list[float]:
+        """[c(0), c(1), ..., c(n_max)]."""
+        return relative_costs(self.verify_s, n_max)
 
     def d(self) -> float:
         one = self.verify_s.get(1)

@@ -22,7 +22,8 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 from . import gguf_keys as K
-from ._llama import Memory, common_prefix, free_context, free_model, load_model, n_threads_default, new_context
+from ._llama import (Memory, common_prefix, float_view, free_context, free_model, load_model, n_threads_default,
+                     new_context)
 from .drafter import Drafter
 from .errors import EdgeEagleError, ModelFileError, PairMismatchError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
@@ -191,6 +192,7 @@ class EagleDrafter(Drafter):
             if any(w.shape != (self.spec.target_hidden_size,) for w in self._fc_norm_w):
                 raise ModelFileError(f"{os.path.basename(self.path)} has fc_norm weights of the wrong size; "
                                      "re-convert it.")
+            self._fc_norm_w3 = np.stack(self._fc_norm_w)
         if self.spec.norm_output:
             self._out_norm_w = self.gguf.tensor_array(K.T_OUTPUT_NORM).astype(np.float32)
 
@@ -264,9 +266,8 @@ class EagleDrafter(Drafter):
     def _prepare_features(self, feats: np.ndarray) -> np.ndarray:
         if not self.spec.fc_norm:
             return np.ascontiguousarray(feats, dtype=np.float32)
-        h = self.spec.target_hidden_size
-        parts = [rms_norm(feats[:, i * h:(i + 1) * h], self._fc_norm_w[i], self._eps) for i in range(3)]
-        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+        n, h = len(feats), self.spec.target_hidden_size  # the three layers' RMSNorms in one pass
+        return rms_norm(feats.reshape(n, 3, h), self._fc_norm_w3, self._eps).reshape(n, 3 * h)
 
     def encode(self, feats: np.ndarray, pos0: int) -> np.ndarray:
         """fc (and norm_before_fc / fc_norm) of target features [n, 3H_t] -> g [n, H].
@@ -289,7 +290,7 @@ class EagleDrafter(Drafter):
             rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_ENCODE, self._batch)
             if rc != 0:
                 raise EdgeEagleError(f"The drafter's encoder failed with code {rc}; check the drafter file.")
-            out[lo:hi] = np.ctypeslib.as_array(B.llama_get_embeddings_nextn(self.ctx), shape=(hi - lo, self.n_embd))
+            out[lo:hi] = float_view(B.llama_get_embeddings_nextn(self.ctx), hi - lo, self.n_embd)
         return out
 
     def decode(self, tokens: Sequence[int], g: np.ndarray, pos0: int) -> tuple[np.ndarray, np.ndarray]:
@@ -307,8 +308,8 @@ class EagleDrafter(Drafter):
                 self._decode_rows(tokens, g, pos0, lo, min(n - 1, lo + self.n_batch), outputs=False)
             self._decode_rows(tokens, g, pos0, n - 1, n, outputs=True)
             last = 0
-        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, last), shape=(self.n_vocab,))
-        h = np.ctypeslib.as_array(B.llama_get_embeddings_nextn_ith(self.ctx, last), shape=(self.n_embd,))
+        logits = float_view(C.llama_get_logits_ith(self.ctx, last), 1, self.n_vocab)[0]
+        h = float_view(B.llama_get_embeddings_nextn_ith(self.ctx, last), 1, self.n_embd)[0]
         return logits, h.copy()
 
     _all_outputs_max = 16
@@ -337,7 +338,7 @@ class EagleDrafter(Drafter):
     # --- proposing -----------------------------------------------------------------------
 
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
-        return self.propose_with_logits(tokens, k, p_min, choose)[0]
+        return self.propose_with_logits(tokens, k, p_min, choose, keep_logits=False)[0]
 
     def _decode_pending(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Run the pending true rows (their tokens now all known); the drafter's logits and
@@ -365,9 +366,10 @@ class EagleDrafter(Drafter):
         return self.decode(toks, g, pos0)
 
     def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
-                            choose=None) -> tuple[Proposal, list[np.ndarray]]:
-        """A chain of up to k drafts, with the drafter's logits at each step. choose(logits)
-        -> (token, q or None) picks each draft (default greedy); sampled q's go into the Proposal."""
+                            choose=None, keep_logits: bool = True) -> tuple[Proposal, list[np.ndarray]]:
+        """A chain of up to k drafts, with the drafter's logits at each step (keep_logits; else
+        none are copied). choose(logits) -> (token, q or None) picks each draft (default
+        greedy); sampled q's go into the Proposal."""
         logits, h = self._decode_pending(tokens)
         drafts: list[int] = []
         all_logits: list[np.ndarray] = []
@@ -382,7 +384,8 @@ class EagleDrafter(Drafter):
             if q is not None:
                 qs.append(q)
             drafts.append(d)
-            all_logits.append(logits.copy())
+            if keep_logits:
+                all_logits.append(logits.copy())
             if len(drafts) == k:
                 break
             pos += 1
@@ -481,8 +484,8 @@ class EagleDrafter(Drafter):
             raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
         out = []
         for row, (i, seq) in enumerate(zip(expand, seqs)):
-            lg = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
-            h = np.ctypeslib.as_array(B.llama_get_embeddings_nextn_ith(self.ctx, row), shape=(self.n_embd,)).copy()
+            lg = float_view(C.llama_get_logits_ith(self.ctx, row), 1, self.n_vocab)[0].copy()
+            h = float_view(B.llama_get_embeddings_nextn_ith(self.ctx, row), 1, self.n_embd)[0].copy()
             out.append((i, lg, h, seq))
         return out
 

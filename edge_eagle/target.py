@@ -21,7 +21,7 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 from . import gguf_keys as K
-from ._llama import Memory, free_context, free_model, load_model, n_threads_default, new_context
+from ._llama import Memory, float_view, free_context, free_model, load_model, n_threads_default, new_context
 from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
 
@@ -132,8 +132,8 @@ class Target:
         if not self.capture_layers:
             return None
         if self.capture_path == "layer_inp":
-            parts = [np.ctypeslib.as_array(B.llama_get_embeddings_layer_inp(self.ctx, lid),
-                                           shape=(n_tokens, self.n_embd)) for lid in self.capture_layers]
+            parts = [float_view(B.llama_get_embeddings_layer_inp(self.ctx, lid), n_tokens, self.n_embd)
+                     for lid in self.capture_layers]
         else:
             parts = []
             for name, lid in self._wanted.items():
@@ -183,7 +183,7 @@ class Target:
         rc = C.llama_decode(self.ctx, self._batch)
         if rc != 0:
             raise EdgeEagleError(f"llama_decode failed with code {rc}; the context may be full, start a new chat.")
-        rows = np.ctypeslib.as_array(C.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab))
+        rows = float_view(C.llama_get_logits(self.ctx), n_out, self.n_vocab)
         return DecodeResult(rows, self._features(n))
 
     def decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> DecodeResult:

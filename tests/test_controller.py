@@ -121,3 +121,21 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets():
         c.update(0, 0, 1, 0.0066, 0.0)
     c.update(1, 1, 2, 0.0125, 0.0015)  # accepted: probe at the base rate again
     assert c.probe_gap == 128
+
+
+def test_one_pass_cost_table_and_lookup_choice_equal_their_definitions():
+    import random
+
+    from edge_eagle.costs import relative_cost, relative_costs
+
+    rng = random.Random(3)
+    for _ in range(50):
+        table = {n: rng.uniform(0.5, 3.0) * n for n in rng.sample(range(1, 12), rng.randint(1, 8))}
+        assert relative_costs(table, 12)[1:] == [relative_cost(table, n) for n in range(1, 13)]
+        c = KController(costs=CostModel(verify_s=table))
+        for i in range(4):
+            c._lookup_model(rng.choice([1, 3, 8])).observe(rng.randint(1, 8), rng.randint(0, 4))
+        for n in (1, 3, 9):
+            m, s = c._best_lookup(n, 8)
+            assert s == max(c.lookup_speedup(n, i) for i in range(1, 9))
+            assert c.lookup_speedup(n, m) == s

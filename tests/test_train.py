@@ -12,11 +12,12 @@ import torch
 
 from edge_eagle.converters import convert
 from edge_eagle import EdgeEagle
+from edge_eagle.errors import EdgeEagleError
 from edge_eagle.gguf_file import read_gguf
 from edge_eagle.parity import verify_drafter
 from edge_eagle.reference import Eagle3Config, random_reference
 from edge_eagle.target import Target
-from edge_eagle.train import TrainOptions, save_checkpoint
+from edge_eagle.train import TrainOptions, save_checkpoint, train
 from edge_eagle.train.pipeline import draft_vocabulary, init_model
 from edge_eagle.train.ttt import ttt_states
 
@@ -95,10 +96,14 @@ def test_training_lowers_the_loss_and_beats_a_random_drafter(features, tiny_targ
     assert trained > untrained + 0.2, (trained, untrained)
 
 
-def test_checkpoint_round_trips_through_convert_into_the_runtime(features, tiny_target, tmp_path):
+@pytest.mark.parametrize("ffn", [None, 48])
+def test_checkpoint_round_trips_through_convert_into_the_runtime(features, tiny_target, tmp_path, ffn):
+    """Also at an FFN width other than the target's (a capacity rung): llama.cpp's eagle3
+    reads the drafter's own feed_forward_length."""
     target = read_gguf(tiny_target)
     d2t = draft_vocabulary(sorted(features.glob("shard-*.npz")), target.vocab_size, 256)
-    model = init_model(target, (2, 4, 5), d2t, TrainOptions())
+    model = init_model(target, (2, 4, 5), d2t, TrainOptions(ffn=ffn))
+    assert model.cfg.intermediate_size == (ffn or target.require("llama.feed_forward_length"))
     with torch.no_grad():  # perturb so the round trip is checked on non-initial weights
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -269,6 +274,21 @@ def test_simulated_acceptance_counts_chains_of_matching_drafts():
     # seed 0 -> row1 ok, seed 1 -> row2 ok, seed 3 -> row4 no (0 != 1), seed 4 -> row5 ok, seed 5 -> none
     assert got["seeds"] == 6 and got["tau"] == round(1 + (5 + 3) / 6, 4)
     assert got["per_position_acceptance"] == [round(5 / 6, 4), round(3 / 5, 4)]
+
+
+def test_frozen_head_stays_the_targets_and_warm_start_needs_the_targets_ffn(features, tiny_target, tmp_path):
+    opts = TrainOptions(steps=3, batch_rows=128, draft_vocab=256, freeze_head=True, eval_every=0, warmup=1)
+    train(features, tiny_target, tmp_path / "frozen", opts, progress=False)
+    target = read_gguf(tiny_target)
+    from safetensors.numpy import load_file  # the saved lm_head is still the target's rows
+
+    weights = load_file(str(tmp_path / "frozen" / "model.safetensors"))
+    d2t = weights["d2t"].astype(np.int64) + np.arange(len(weights["d2t"]))
+    head = np.asarray(target.tensor_array("output.weight") if "output.weight" in target.tensors
+                      else target.tensor_array("token_embd.weight"))
+    np.testing.assert_allclose(weights["lm_head.weight"], head[d2t], atol=1e-6)
+    with pytest.raises(EdgeEagleError, match="FFN width"):
+        init_model(target, (2, 4, 5), np.arange(64), TrainOptions(ffn=32, init="warm"))
 
 
 def test_warm_start_computes_the_target_layer_it_was_copied_from(tiny_target):

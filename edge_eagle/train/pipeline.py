@@ -42,6 +42,8 @@ class TrainOptions:
     eval_every: int = 50  # steps between simulated-acceptance evaluations on the held-out slice (0: never)
     heldout: int = 48  # sequences held out of training for that evaluation
     save_every: int = 50  # steps between training-state saves (what --resume continues from)
+    ffn: int | None = None  # the decoder's FFN width (None: the target's; llama.cpp reads it from the GGUF)
+    freeze_head: bool = False  # keep the lm_head at the target's own rows (not trained)
 
 
 def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
@@ -59,7 +61,11 @@ def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
 def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, opts: TrainOptions) -> Eagle3Reference:
     h = int(target.require(K.EMBEDDING_LENGTH))
     heads = int(target.require(K.HEAD_COUNT))
-    cfg = Eagle3Config(hidden_size=h, intermediate_size=int(target.require(K.FEED_FORWARD_LENGTH)),
+    ffn = int(target.require(K.FEED_FORWARD_LENGTH))
+    if opts.ffn is not None and opts.ffn != ffn and opts.init == "warm":
+        raise EdgeEagleError(f"--init warm copies the target's MLP, so it needs the target's FFN width ({ffn}); "
+                             "drop --ffn or use --init default.")
+    cfg = Eagle3Config(hidden_size=h, intermediate_size=opts.ffn or ffn,
                        num_attention_heads=heads, num_key_value_heads=int(target.get(K.HEAD_COUNT_KV, heads)),
                        target_hidden_size=h, vocab_size=target.vocab_size, draft_vocab_size=len(d2t),
                        target_layers=layers, rms_norm_eps=float(target.get(K.RMS_EPS, 1e-5)),
@@ -75,6 +81,8 @@ def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, 
         head = target.tensor_array(K.T_OUTPUT) if K.T_OUTPUT in target.tensors else embed.numpy()
         model.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)[d2t]))
         model.norm.weight.copy_(torch.from_numpy(target.tensor_array(K.T_OUTPUT_NORM)))
+        if opts.freeze_head:
+            model.lm_head.weight.requires_grad_(False)
         if opts.init == "warm":
             warm_start(model, target, layers[-1])
         elif opts.init != "default":
