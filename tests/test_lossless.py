@@ -3,8 +3,11 @@
 Batched verification runs different matmul kernels than one-token decoding, so a token
 may legitimately flip where the target's top two logits are tied to within float noise.
 `assert_lossless` accepts a divergence only if it is such a tie: at the first differing
-position, the plain run's top-2 logit gap is below TIE_GAP and the speculative token is
-the runner-up. Anything else is a logic error and fails.
+position the speculative token is the runner-up of plain decoding (replayed token by
+token), and the top-2 gap is below TIE_GAP or below twice the model's own batch-shape noise
+on that gap there (the largest change of the gap when the same context is decoded in
+chunks of 2, 4, 8 or 16 tokens, or in one prefill). Anything else is a
+logic error and fails.
 """
 
 from __future__ import annotations
@@ -27,12 +30,54 @@ def assert_lossless(target: Target, prompt: list[int], plain: list[int], spec: l
     assert i < min(len(plain), len(spec)), f"lengths differ without a token difference: {len(plain)} vs {len(spec)}"
     target.memory.clear()
     target.set_capture(())
-    logits = target.prefill(prompt + plain[:i]).logits[-1].astype(np.float64)
+    # replay plain decoding itself (prefill, then one token at a time): a one-shot prefill of
+    # prompt + plain[:i] has other batch shapes, which move SmolLM2's logits near a tie too
+    logits = target.prefill(prompt).logits[-1]
+    for j, tok in enumerate(plain[:i]):
+        logits = target.decode([tok], len(prompt) + j).logits[-1]
+    logits = logits.astype(np.float64)
     top2 = np.argsort(-logits)[:2]
     gap = logits[top2[0]] - logits[top2[1]]
     assert plain[i] == top2[0], "plain decoding is not greedy?"
-    assert spec[i] == top2[1] and gap < TIE_GAP, (
-        f"token {i} differs ({plain[i]} vs {spec[i]}) with top-2 gap {gap:.4f}: not a numerical tie")
+    # the model's own numerical noise on this gap, here: the same context decoded in chunks of
+    # 2, 4, 8 and 16 tokens (verify batches), in one prefill, and (with tree verification)
+    # through trees whose accepted path runs through second candidates, which leaves the KV
+    # cells out of position order (llama.cpp's CPU flash attention then sums in another order)
+    context = prompt + plain[:i]
+    noise = 0.0
+    for chunk in (2, 4, 8, 16, len(context)):
+        target.memory.clear()
+        for lo in range(0, len(context), chunk):
+            other = target.decode(context[lo:lo + chunk], lo).logits[-1]
+        noise = max(noise, _gap_change(other, top2, gap))
+    if target.tree_paths >= 3:
+        noise = max(noise, _gap_change(_replay_through_trees(target, prompt, plain[:i]), top2, gap))
+    assert spec[i] == top2[1] and gap < max(TIE_GAP, 2 * noise), (
+        f"token {i} differs ({plain[i]} vs {spec[i]}) with top-2 gap {gap:.4f} (batch-shape noise on it "
+        f"{noise:.4f}): not a numerical tie")
+
+
+def _gap_change(logits: np.ndarray, top2: np.ndarray, gap: float) -> float:
+    other = logits.astype(np.float64)
+    return abs((other[top2[0]] - other[top2[1]]) - gap)
+
+
+def _replay_through_trees(target: Target, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """The target's logits after prompt + tokens, reached by verifying trees [x, t1, y, t2]
+    (x, y wrong siblings) that accept the true t1, t2 through each depth's 2nd candidate."""
+    target.memory.clear()
+    target.prefill(prompt[:-1])
+    seq, rest = list(prompt), list(tokens)  # the KV holds seq[:-1]
+    while len(rest) >= 3:
+        t1, t2 = rest[0], rest[1]
+        nodes = [(t1 + 1) % target.n_vocab, t1, (t2 + 1) % target.n_vocab, t2]
+        target.decode_tree(seq[-1], nodes, [-1, -1, 1, 1], len(seq) - 1)
+        target.keep_path([1, 3], len(seq) - 1, seq[-1], nodes)
+        seq += rest[:3]
+        rest = rest[3:]
+    for j, tok in enumerate([seq[-1], *rest]):
+        logits = target.decode([tok], len(seq) - 1 + j).logits[-1]
+    return logits.copy()
 
 
 def _run(ee: EdgeEagle, prompt: str, n: int, **kw) -> tuple[list[int], list[int]]:

@@ -288,3 +288,25 @@ def test_auto_weighs_trees_on_memory_bound_costs(tiny_target, trained_drafters):
         gen = ee.generate(PROMPTS[1], max_tokens=60).result()
         assert_lossless(ee.target, ee.target.tokenize(PROMPTS[1]), plain, gen.tokens)
         assert gen.stats.proposers.get("tree", 0) > 0
+
+
+@pytest.mark.smollm
+@pytest.mark.parametrize("n_nodes", [7, 15])
+def test_smollm_greedy_trees_equal_plain_decoding(smollm, n_nodes):
+    """The real target and the shipped drafter: trees with siblings at several depths, and
+    the output of plain decoding (within the near-tie rule)."""
+    from edge_eagle.defaults import default_drafter
+
+    questions = ["List three colours of the rainbow, one per line.", "Name the planets of the solar system.",
+                 "Write a haiku about the sea."]
+    with EdgeEagle(smollm, default_drafter(), n_ctx=1024) as ee:
+        ranks = []
+        for q in questions:
+            prompt = ee.apply_chat_template([{"role": "user", "content": q}])
+            toks = ee.target.tokenize(prompt, add_special=False)
+            plain = ee.generate(toks, max_tokens=48, speculative=False).result().tokens
+            gen = ee.generate(toks, max_tokens=48, tree=n_nodes).result()
+            assert_lossless(ee.target, toks, plain, gen.tokens)
+            assert gen.stats.tree_nodes_mean > 4
+            ranks += gen.stats.accepted_rank_at[:1]
+        assert any(sum(row[1:]) for row in ranks)  # a 2nd or later candidate was accepted
