@@ -200,11 +200,13 @@ class EagleDrafter(Drafter):
         threads = n_threads or n_threads_default()
         loaded = load_model(self.path, n_gpu_layers, 1, repack)
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
-        self.tree_branch_max = TREE_BRANCH_MAX
+        # one sequence per expanded node of a depth; none when the target cannot verify trees
+        self.tree_branch_max = min(TREE_BRANCH_MAX, min(self.n_batch, target.n_ctx) - 1) if target.tree_paths else 0
+        self.supports_trees = self.tree_branch_max > 0
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
                                n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
                                n_threads_batch=threads, no_perf=True, ctx_other=target.ctx,
-                               n_seq_max=1 + self.tree_branch_max, kv_unified=True)
+                               n_seq_max=1 + self.tree_branch_max, kv_unified=self.supports_trees)
         B.llama_set_embeddings_nextn(self.ctx, True, True)
         self.memory = Memory(self.ctx)
         self._batch = C.llama_batch_ext_init(self.ctx)
@@ -395,8 +397,6 @@ class EagleDrafter(Drafter):
 
     # --- trees -----------------------------------------------------------------------------
 
-    supports_trees = True
-
     def propose_tree(self, tokens: Sequence[int], n_nodes: int, depth: int = TREE_DEPTH,
                      branch: int = TREE_BRANCH) -> Proposal:
         """A draft tree of at most n_nodes nodes, EAGLE-2's dynamic tree: depth by depth, the
@@ -409,8 +409,9 @@ class EagleDrafter(Drafter):
         each node's draft is what a chain along its path would draft. Nodes come in
         breadth-first order, siblings by descending score; drafts are deterministic (the
         verifier treats each as a point mass, which keeps sampling lossless)."""
-        if n_nodes < 1 or depth < 1 or not 1 <= branch <= self.tree_branch_max:
-            raise ValueError(f"a tree needs n_nodes >= 1, depth >= 1 and 1 <= branch <= {self.tree_branch_max}")
+        branch = min(branch, self.tree_branch_max)  # a tiny context holds fewer sequences
+        if n_nodes < 1 or depth < 1 or branch < 1:
+            raise ValueError("a tree needs n_nodes >= 1, depth >= 1, branch >= 1 and a context that holds trees")
         logits, h = self._decode_pending(tokens)
         pos = len(tokens) - 2  # the root row; depth-d nodes are decoded at pos + d
         node_tok: list[int] = []

@@ -73,7 +73,9 @@ class Target:
         if n_seq > 1 and tree_paths:
             raise ValueError("a target runs independent sequences or trees, not both")
         self.n_seq = n_seq
-        self.tree_paths = max(0, min(int(tree_paths), MAX_TREE_PATHS))
+        # a tree verify batch holds at least one row per path; llama.cpp asserts (aborts) when a
+        # context has more sequences than its batch can hold rows (a model with a tiny context)
+        self.tree_paths = max(0, min(int(tree_paths), MAX_TREE_PATHS, min(n_batch, self.n_ctx) - 1))
         seq_max = n_seq if n_seq > 1 else 1 + self.tree_paths
         fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
                                       n_threads=threads, n_threads_batch=threads, no_perf=True,
