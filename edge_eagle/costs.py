@@ -29,25 +29,15 @@ def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
     linearly from the largest smaller measured size; never below a smaller batch's cost,
     so timing noise cannot make a longer draft look free. Without a 1-token time: n
     (the pessimistic, compute-bound assumption)."""
-    one = verify_s.get(1)
-    if not one:
-        return float(n)
-    best = 1.0
-    for m in range(2, n + 1):
-        if m in verify_s:
-            best = max(best, verify_s[m] / one)
-        else:
-            known = max(x for x in verify_s if x < m)
-            best = max(best, verify_s[known] / one * m / known)
-    return best
+    return relative_costs(verify_s, n)[n]
 
 
 def relative_costs(verify_s: Mapping[int, float], n_max: int) -> list[float]:
-    """[c(0) = 0, c(1), ..., c(n_max)] in one pass: relative_cost for every n at once."""
+    """[relative_cost(0), ..., relative_cost(n_max)] in one pass."""
     one = verify_s.get(1)
     if not one:
-        return [0.0] + [float(n) for n in range(1, n_max + 1)]
-    out, best, known = [0.0, 1.0], 1.0, 1
+        return [float(n) for n in range(n_max + 1)]
+    out, best, known = [1.0, 1.0], 1.0, 1
     for m in range(2, n_max + 1):
         if m in verify_s:
             best, known = max(best, verify_s[m] / one), m
@@ -103,7 +93,7 @@ class CostModel:
         return relative_cost(self.verify_s, n)
 
     def c_table(self, n_max: int) -> list[float]:
-        """[c(0), c(1), ..., c(n_max)]."""
+        """[c(0), c(1), ..., c(n_max)] (c(0) is unused)."""
         return relative_costs(self.verify_s, n_max)
 
     def d(self) -> float:

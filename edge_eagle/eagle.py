@@ -304,12 +304,13 @@ class EagleDrafter(Drafter):
         # a short batch marks every row as output and reads the last; a long one (prefill) runs
         # all but the last row without outputs, then the last row alone.
         if n <= self._all_outputs_max:
-            self._decode_rows(tokens, g, pos0, 0, n, outputs=True)
+            self._decode_rows(tokens, g, range(pos0, pos0 + n), outputs=True)
             last = n - 1
         else:
             for lo in range(0, n - 1, self.n_batch):
-                self._decode_rows(tokens, g, pos0, lo, min(n - 1, lo + self.n_batch), outputs=False)
-            self._decode_rows(tokens, g, pos0, n - 1, n, outputs=True)
+                hi = min(n - 1, lo + self.n_batch)
+                self._decode_rows(tokens[lo:hi], g[lo:hi], range(pos0 + lo, pos0 + hi), outputs=False)
+            self._decode_rows(tokens[n - 1:], g[n - 1:], [pos0 + n - 1], outputs=True)
             last = 0
         logits = float_view(C.llama_get_logits_ith(self.ctx, last), 1, self.n_vocab)[0]
         h = float_view(B.llama_get_embeddings_nextn_ith(self.ctx, last), 1, self.n_embd)[0]
@@ -317,12 +318,14 @@ class EagleDrafter(Drafter):
 
     _all_outputs_max = 16
 
-    def _decode_rows(self, tokens: Sequence[int], g: np.ndarray, pos0: int, lo: int, hi: int,
-                     outputs: bool) -> None:
+    def _decode_rows(self, tokens: Sequence[int], g: np.ndarray, positions: Sequence[int], outputs: bool,
+                     seqs: Sequence[int] | None = None) -> None:
+        """One drafter batch: row i is (tokens[i], g[i]) at positions[i] in sequence seqs[i]
+        (default 0)."""
         C.llama_batch_ext_clear(self._batch)
-        for i in range(lo, hi):
-            idx = C.llama_batch_ext_add_token(self._batch, 0, int(tokens[i]))
-            self._pos.value = pos0 + i
+        for i, tok in enumerate(tokens):
+            idx = C.llama_batch_ext_add_token(self._batch, 0 if seqs is None else seqs[i], int(tok))
+            self._pos.value = positions[i]
             C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
             C.llama_batch_ext_set_embd_token(self._batch, idx, C.llama_embd(
                 g[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
@@ -473,17 +476,7 @@ class EagleDrafter(Drafter):
                 self.memory.copy_seq(parent_of[node_par[i]][1], dst)
                 seqs[row] = dst
         g = np.stack([self.carry(parent_of[node_par[i]][0]) for i in expand]).astype(np.float32)
-        C.llama_batch_ext_clear(self._batch)
-        for row, (i, seq) in enumerate(zip(expand, seqs)):
-            idx = C.llama_batch_ext_add_token(self._batch, seq, int(node_tok[i]))
-            self._pos.value = pos
-            C.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-            C.llama_batch_ext_set_embd_token(self._batch, idx, C.llama_embd(
-                g[row].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
-            C.llama_batch_ext_set_output_logits(self._batch, idx, True)
-        rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-        if rc != 0:
-            raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
+        self._decode_rows([node_tok[i] for i in expand], g, [pos] * len(expand), outputs=True, seqs=seqs)
         out = []
         for row, (i, seq) in enumerate(zip(expand, seqs)):
             lg = float_view(C.llama_get_logits_ith(self.ctx, row), 1, self.n_vocab)[0].copy()

@@ -80,24 +80,16 @@ class Fixed:
         return f"Fixed({self.k})"
 
 
-class FixedTree:
+class FixedTree(Fixed):
     """Always a draft tree of n nodes (n = 1 is a chain of one)."""
-
-    idle_window = None
 
     def __init__(self, n: int):
         if n < 1:
             raise ValueError("a draft tree has 1 node or more")
-        self.n = n
+        super().__init__(n)
 
     def choose(self) -> Plan:
-        return Plan(TREE, self.n)
-
-    def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
-        pass
-
-    def features_needed_soon(self) -> bool:
-        return True
+        return Plan(TREE, self.k)
 
     def __repr__(self) -> str:
-        return f"FixedTree({self.n})"
+        return f"FixedTree({self.k})"

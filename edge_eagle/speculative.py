@@ -104,7 +104,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
                 target.memory.remove_from(n_past + n_acc + 1)
             accepted = list(proposal.tokens[:n_acc])
             rows: list[int] | slice = slice(0, n_acc + 1)
-            ranks: list[int] = []
+            ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
         else:
             res = target.decode_tree(seq[-1], proposal.tokens, proposal.parents, n_past)
             path, bonus, ranks = verify_tree(sampler, res.logits, proposal)
@@ -122,7 +122,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         stats.t_verify += t_ingest - t_verify
         stats.t_draft += (t_verify - t_step) + (t_end - t_ingest)
         stats.record_step(len(proposal), n_acc, kind=plan.kind if proposal.tokens else PLAIN,
-                          depth=max(proposal.depths, default=0), ranks=None if proposal.is_chain else ranks)
+                          depth=max(proposal.depths, default=0), ranks=ranks)
         policy.update(len(proposal), n_acc, len(proposal) + 1, t_ingest - t_verify, t_verify - t_step)
         new = [*accepted, bonus]
         seq += new

@@ -24,6 +24,7 @@ from . import gguf_keys as K
 from ._llama import Memory, float_view, free_context, free_model, load_model, n_threads_default, new_context
 from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
+from .proposal import Proposal
 
 
 MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
@@ -229,15 +230,13 @@ class Target:
         leaves = [i for i, flag in enumerate(is_parent) if not flag]
         if not leaves or len(leaves) > self.tree_paths:
             raise ValueError(f"a tree needs 1..{self.tree_paths} leaves (tree_paths), got {len(leaves)}")
-        depth = [0] * len(tokens)
+        depth = Proposal(tuple(tokens), tuple(parents)).depths  # checks parents come before children
         paths: list[list[int]] = [[] for _ in tokens]  # the path sequences through each node
         for j, leaf in enumerate(leaves, start=1):
             i = leaf
             while i >= 0:
                 paths[i].append(j)
                 i = parents[i]
-        for i, p in enumerate(parents):
-            depth[i] = 1 if p < 0 else depth[p] + 1
         if pos0 + max(depth) >= self.n_ctx:
             raise EdgeEagleError(f"The context window ({self.n_ctx} tokens) is full; start a new chat or raise n_ctx.")
         for j in range(1, len(leaves) + 1):
@@ -250,34 +249,23 @@ class Target:
                 self._batch.seq_id[i][j] = s
         self._out[:n] = 1
         self._seq_rows = max(self._seq_rows, n)
-        self._tree_leaves, self._tree_parents = leaves, list(parents)
+        self._node_paths, self._n_paths = paths, len(leaves)  # for keep_path()
         return self._run(n, n)
 
     def keep_path(self, path: Sequence[int], pos0: int, root: int, tokens: Sequence[int]) -> None:
         """After decode_tree(): sequence 0 takes the root and the nodes of `path` (node indices,
         root to descendant, as accepted) at pos0..; every path sequence is dropped, and with
         it the rejected nodes. tokens: the tree's node tokens."""
-        leaves = self._tree_leaves
-        seq = 1
-        if path:  # a path sequence through the deepest accepted node holds the whole path
-            seq = next(j for j, leaf in enumerate(leaves, start=1) if self._on_path(leaf, path[-1]))
+        # a path sequence through the deepest accepted node holds the whole path (the root is on all)
+        seq = self._node_paths[path[-1]][0] if path else 1
         self.memory.copy_seq(seq, 0, pos0, pos0 + len(path) + 1)
-        for j in range(1, len(leaves) + 1):
+        for j in range(1, self._n_paths + 1):
             self.memory.remove_seq(j)
         held = self.memory.tokens
         if len(held) == pos0:
             held.extend([int(root), *(int(tokens[i]) for i in path)])
         else:
             held.clear()
-
-    def _on_path(self, leaf: int, node: int) -> bool:
-        parents = self._tree_parents
-        i = leaf
-        while i >= 0:
-            if i == node:
-                return True
-            i = parents[i]
-        return False
 
     def prefill(self, tokens: Sequence[int], pos0: int = 0, seq: int = 0) -> DecodeResult:
         """Decode a long prompt in n_batch chunks; logits of the last token, features of all."""

@@ -3,6 +3,8 @@ always accepted; and the engine's "auto" mode stays lossless."""
 
 from __future__ import annotations
 
+import pytest
+
 from edge_eagle import EdgeEagle
 from tests.drafters import OracleDrafter
 from edge_eagle.controller import AcceptanceModel, KController
@@ -123,15 +125,22 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets():
     assert c.probe_gap == 128
 
 
-def test_one_pass_cost_table_and_lookup_choice_equal_their_definitions():
-    import random
-
+def test_relative_costs_extrapolate_from_the_largest_smaller_size_and_never_fall():
     from edge_eagle.costs import relative_cost, relative_costs
+
+    table = {1: 1.0, 2: 1.8, 4: 3.0, 5: 2.5}  # the 5-token time is noise below the 4-token one
+    want = [1.8, 2.7, 3.0, 3.0, 3.0, 3.5]  # c(2..7)
+    assert relative_costs(table, 7)[2:] == pytest.approx(want)
+    assert [relative_cost(table, n) for n in range(2, 8)] == pytest.approx(want)
+    assert relative_costs({}, 4)[1:] == [1.0, 2.0, 3.0, 4.0]  # no 1-token time: compute-bound
+
+
+def test_one_pass_lookup_choice_equals_its_definition():
+    import random
 
     rng = random.Random(3)
     for _ in range(50):
         table = {n: rng.uniform(0.5, 3.0) * n for n in rng.sample(range(1, 12), rng.randint(1, 8))}
-        assert relative_costs(table, 12)[1:] == [relative_cost(table, n) for n in range(1, 13)]
         c = KController(costs=CostModel(verify_s=table))
         for i in range(4):
             c._lookup_model(rng.choice([1, 3, 8])).observe(rng.randint(1, 8), rng.randint(0, 4))
