@@ -173,6 +173,21 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_sets(specs: list[str]) -> dict[str, "Path"]:
+    """NAME=DIR (or DIR, named after the folder) -> {name: folder}."""
+    from pathlib import Path
+
+    out = {}
+    for spec in specs:
+        name, _, folder = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            raise EdgeEagleError(f"--eval-features {spec}: {path} is not a folder; pass a feature folder "
+                                 "made by `edge-eagle train --steps 0` (see scripts/eval_sets.py).")
+        out[name or path.name] = path
+    return out
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -185,14 +200,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
                         seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every, init=args.init,
-                        ffn=args.ffn, freeze_head=args.freeze_head)
+                        ffn=args.ffn, freeze_head=args.freeze_head, train_tokens=args.train_tokens)
     log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr))
     summary = train_drafter(args.target, args.data, Path(args.out), opts,
                             features=Path(args.features) if args.features else None, layers=args.layers,
                             max_tokens=args.max_tokens, regenerate=args.regenerate, max_prompt=args.max_prompt,
                             max_new=args.max_new, gguf=args.gguf, outtype=args.outtype, progress=not args.json,
                             parallel=args.parallel, turns=args.turns, resume=args.resume, log=log,
-                            n_gpu_layers=args.gpu_layers, n_threads=args.threads)
+                            n_gpu_layers=args.gpu_layers, n_threads=args.threads,
+                            extra_features=[Path(d) for d in args.also_features or []],
+                            eval_sets=_eval_sets(args.eval_features or []))
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -311,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="work directory: features/, checkpoint/")
     t.add_argument("--features", help="feature cache directory (default: one per target, data and settings under "
                                       "~/.cache/edge-eagle/features); shareable between runs")
+    t.add_argument("--also-features", nargs="+", metavar="DIR",
+                   help="further feature folders to train on beside --features (same target and layers; not extended)")
+    t.add_argument("--eval-features", nargs="+", metavar="[NAME=]DIR",
+                   help="feature folders never trained on (e.g. MT-bench answers, scripts/eval_sets.py): their "
+                        "simulated acceptance is reported at every --eval-every")
+    t.add_argument("--train-tokens", type=int, default=None,
+                   help="train on about this many feature tokens only, shards taken in turn from each folder "
+                        "(a ladder budget; default: all)")
     t.add_argument("--regenerate", action="store_true", help="answers are the target's own greedy outputs")
     t.add_argument("--max-tokens", type=int, default=200_000, help="feature tokens to extract (resumes)")
     t.add_argument("--max-prompt", type=int, default=384)

@@ -14,7 +14,8 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
                   regenerate: bool = False, max_prompt: int = 384, max_new: int = 256, gguf: str | None = None,
                   outtype: str = "q8_0", progress: bool = True, parallel: int = 16, turns: str = "first",
                   resume: bool = False, log: Callable[[str], Any] = print, n_gpu_layers: int = 0,
-                  n_threads: int | None = None) -> dict[str, Any]:
+                  n_threads: int | None = None, extra_features: Sequence[Path] = (),
+                  eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
     """Extract (resumable) -> train (opts.steps == 0: extraction only; resume: continue the
     training state in out/checkpoint) -> convert to `gguf`. Features go to `features`, by
     default a folder of the user cache named after the target and settings.
@@ -40,7 +41,8 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
     log(f"features: {manifest['tokens']} tokens from {manifest['conversations_seen']} conversations")
     if opts.steps == 0:
         return {"features": str(features), "tokens": manifest["tokens"]}
-    summary = train(features, Path(target_path), out / "checkpoint", opts, progress=progress, resume=resume)
+    summary = train(features, Path(target_path), out / "checkpoint", opts, progress=progress, resume=resume,
+                    extra_features=tuple(extra_features), eval_sets=eval_sets)
     log(f"checkpoint: {out / 'checkpoint'} (speculators layout), final loss {summary['final_loss']:.3f}")
     if gguf:
         from edge_eagle.converters import convert

@@ -44,6 +44,7 @@ class TrainOptions:
     save_every: int = 50  # steps between training-state saves (what --resume continues from)
     ffn: int | None = None  # the decoder's FFN width (None: the target's; llama.cpp reads it from the GGUF)
     freeze_head: bool = False  # keep the lm_head at the target's own rows (not trained)
+    train_tokens: int | None = None  # train on the first this many feature tokens only (None: all; a ladder budget)
 
 
 def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
@@ -253,28 +254,67 @@ def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, 
             "per_position_acceptance": [round(float(x), 4) for x in per_pos], "seeds": seeds}
 
 
+def read_manifest(features_dir: Path, target: GGUFFile, layers: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """A feature folder's manifest, checked against the target (same tokenizer) and, if given, the layers."""
+    path = features_dir / MANIFEST
+    if not path.is_file():
+        raise EdgeEagleError(f"{features_dir} holds no extracted features; run extraction first.")
+    manifest = json.loads(path.read_text())
+    if manifest["fingerprint"] != target.vocab_fingerprint():
+        raise EdgeEagleError(f"The features in {features_dir} come from another tokenizer than "
+                             f"{target.path.name}'s; extract them again for this target.")
+    if layers is not None and tuple(manifest["layers"]) != tuple(layers):
+        raise EdgeEagleError(f"{features_dir} captured target layers {manifest['layers']}, not {list(layers)}; "
+                             "extract it again with the same --layers.")
+    return manifest
+
+
+def cap_shards(shards: list[Path], max_tokens: int | None, total_tokens: int) -> tuple[list[Path], int]:
+    """The leading shards that hold about max_tokens feature tokens (all of them for None), and
+    their token count (total_tokens, the manifests' sum, when all are kept)."""
+    if max_tokens is None or max_tokens >= total_tokens:
+        return shards, total_tokens
+    kept, total = [], 0
+    for path in shards:
+        if total >= max_tokens:
+            break
+        with np.load(path) as z:
+            total += len(z["tokens"])
+        kept.append(path)
+    return kept, total
+
+
 def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
-          log=print, resume: bool = False) -> dict[str, Any]:
+          log=print, resume: bool = False, extra_features: tuple[Path, ...] = (),
+          eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
     """Train a drafter on cached features and save it to `out` (speculators layout).
 
     Every opts.save_every steps the whole training state goes to out/train_state.pt; with
     resume, training continues from there (same model, optimizer, schedule and position in
     the data), so a run can be stopped and continued. Every opts.eval_every steps the
-    simulated acceptance on a held-out slice is printed and kept in the history."""
-    manifest_path = features_dir / MANIFEST
-    if not manifest_path.is_file():
-        raise EdgeEagleError(f"{features_dir} holds no extracted features; run extraction first.")
-    manifest = json.loads(manifest_path.read_text())
+    simulated acceptance on a held-out slice, and on each feature folder of eval_sets
+    (name -> folder, e.g. MT-bench answers never trained on), is printed and kept in the history.
+    extra_features are further feature folders trained on with features_dir (same layers)."""
     target = read_gguf(target_path)
-    if manifest["fingerprint"] != target.vocab_fingerprint():
-        raise EdgeEagleError(f"The features in {features_dir} come from another tokenizer than "
-                             f"{target.path.name}'s; extract them again for this target.")
-    shards = [features_dir / s for s in manifest["shards"]]
+    dirs = [features_dir, *extra_features]
+    manifests = [read_manifest(d, target) for d in dirs]
+    manifest = manifests[0]
     layers = tuple(manifest["layers"])
+    for d, m in zip(dirs[1:], manifests[1:]):
+        if tuple(m["layers"]) != layers:
+            raise EdgeEagleError(f"{d} captured target layers {m['layers']}, not {list(layers)}; "
+                                 "train only on features extracted with the same --layers.")
+    # shards taken in turn from each folder, so that a token cap keeps a mix of all of them
+    per_dir = [[d / s for s in m["shards"]] for d, m in zip(dirs, manifests)]
+    interleaved = [lst[i] for i in range(max(map(len, per_dir))) for lst in per_dir if i < len(lst)]
+    shards, features_tokens = cap_shards(interleaved, opts.train_tokens, sum(int(m["tokens"]) for m in manifests))
     d2t = draft_vocabulary(shards, target.vocab_size, opts.draft_vocab)
     t2d_index = np.full(target.vocab_size, -1, np.int64)
     t2d_index[d2t] = np.arange(len(d2t))
     data = FeatureData(shards, t2d_index)
+    evals = {name: FeatureData([d / s for s in m["shards"]], t2d_index)
+             for name, d in (eval_sets or {}).items()
+             for m in [read_manifest(d, target, layers)]}
     heldout = data.split(opts.heldout) if opts.eval_every and opts.heldout else None
     model = init_model(target, layers, d2t, opts).to(opts.device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -289,7 +329,7 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
         if not state_path.is_file():
             raise EdgeEagleError(f"{state_path} does not exist, so there is nothing to resume; run without --resume.")
         state = torch.load(state_path, map_location=opts.device, weights_only=False)
-        if state["d2t"] != d2t.tolist() or state["features_tokens"] != manifest["tokens"]:
+        if state["d2t"] != d2t.tolist() or state["features_tokens"] != features_tokens:
             raise EdgeEagleError(f"{state_path} was trained on other features or another draft vocabulary; resume "
                                  "with the same --features and --draft-vocab, or start a new --out.")
         model.load_state_dict(state["model"])
@@ -306,13 +346,14 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
         bar = tqdm(total=opts.steps, initial=min(step, opts.steps), desc="train", unit="step")
     t0 = time.time()
     last_eval: dict[str, Any] | None = None
+    last_sets: dict[str, Any] = {}
 
     def save_state(batches_in_epoch: int, rng_epoch_start: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
         state = {"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
                  "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
                  "rng_epoch_start": rng_epoch_start, "history": history, "d2t": d2t.tolist(),
-                 "features_tokens": manifest["tokens"], "wall_time_s": wall_before + time.time() - t0,
+                 "features_tokens": features_tokens, "wall_time_s": wall_before + time.time() - t0,
                  "options": asdict(opts)}
         with atomic_path(state_path) as tmp:
             torch.save(state, tmp)
@@ -333,15 +374,21 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
             sched.step()
             step += 1
             record: dict[str, Any] = {"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
-            if heldout is not None and (step % opts.eval_every == 0 or step == opts.steps):
-                last_eval = simulated_acceptance(model, heldout, opts.ttt_steps)
-                record["heldout"] = last_eval
+            if opts.eval_every and (step % opts.eval_every == 0 or step == opts.steps):
+                if heldout is not None:
+                    last_eval = simulated_acceptance(model, heldout, opts.ttt_steps)
+                    record["heldout"] = last_eval
+                if evals:
+                    last_sets = {name: simulated_acceptance(model, d, opts.ttt_steps) for name, d in evals.items()}
+                    record["eval"] = last_sets
             history.append(record)
             if bar is not None:
                 post = {"loss": f"{float(loss.detach()):.3f}", "top1": f"{accs[0]:.2f}",
                         "top1_last": f"{accs[-1]:.2f}"}
                 if last_eval is not None:
                     post["sim_tau"] = f"{last_eval['tau']:.3f}"
+                for name, ev in last_sets.items():
+                    post[f"tau_{name}"] = f"{ev['tau']:.3f}"
                 bar.set_postfix(post)
                 bar.update(1)
             if opts.save_every and (step % opts.save_every == 0 or step >= opts.steps):
@@ -354,11 +401,13 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
     tail = history[-max(1, len(history) // 10):]
     summary = {
         "steps": step, "epochs": epoch, "wall_time_s": round(wall, 1), "train_rows": data.n_rows,
-        "feature_tokens": manifest["tokens"], "draft_vocab": len(d2t), "options": asdict(opts),
+        "feature_tokens": features_tokens, "feature_dirs": [str(d) for d in dirs], "draft_vocab": len(d2t),
+        "options": asdict(opts),
         "final_loss": float(np.mean([h["loss"] for h in tail])),
         "final_top1_per_step": np.mean([h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps], 0).round(4).tolist()
         if any(len(h["top1"]) == opts.ttt_steps for h in tail) else [],
         "heldout": last_eval,
+        "eval": last_sets,
         "target": target.path.name, "layers": list(layers),
     }
     model.cpu()
