@@ -33,12 +33,22 @@ def _resolve(lib: Any, names: Iterable[str], argtypes: list[Any], restype: Any) 
         f"'{names[0]}'; install llama-cpp-python=={REQUIRED_VERSION}.")
 
 
+_SYMBOLS: dict[str, Callable[[], Any]] = {}  # name -> resolver, unaffected by wrapping the module attributes
+
+
+def symbol(name: str) -> Any:
+    """The ctypes function of a staging-API symbol bound here (e.g. for its address)."""
+    return _SYMBOLS[name]()
+
+
 def _lazy(names: tuple[str, ...], argtypes: list[Any], restype: Any, lib: Callable[[], Any] = lambda: C._lib):
     """Resolve on first call, so importing edge_eagle never fails on an old llama.cpp."""
 
     @functools.lru_cache(maxsize=None)
     def fn() -> Callable[..., Any]:
         return _resolve(lib(), names, argtypes, restype)
+
+    _SYMBOLS[names[0]] = fn
 
     def call(*args: Any) -> Any:
         return fn()(*args)

@@ -124,14 +124,26 @@ def _float_array_type(n: int) -> Any:
     return ctypes.c_float * n
 
 
+_VIEWS: dict[tuple[int, int, int], np.ndarray] = {}
+
+
 def float_view(ptr: Any, rows: int, cols: int) -> np.ndarray:
     """A [rows, cols] float32 numpy view of memory llama.cpp owns (valid until its next call
-    that reallocates it). ~1 us, against ~5 us for np.ctypeslib.as_array, which builds a
-    new ctypes array type on every call; this path runs several times a cycle."""
+    that reallocates it). Views are cached by address and shape: llama.cpp's output buffers
+    stay put between decodes, so the loop's several reads per cycle cost a dict lookup, not a
+    new ctypes array and numpy buffer each (np.ctypeslib.as_array: ~5 us; after a compute has
+    evicted the caches, several times that)."""
     addr = ctypes.cast(ptr, ctypes.c_void_p).value
     if not addr:
         raise RuntimeError("llama.cpp returned no buffer (were outputs requested for these rows?)")
-    return np.frombuffer(_float_array_type(rows * cols).from_address(addr), dtype=np.float32).reshape(rows, cols)
+    key = (addr, rows, cols)
+    view = _VIEWS.get(key)
+    if view is None:
+        if len(_VIEWS) >= 256:
+            _VIEWS.clear()
+        view = np.frombuffer(_float_array_type(rows * cols).from_address(addr), dtype=np.float32).reshape(rows, cols)
+        _VIEWS[key] = view
+    return view
 
 
 def n_threads_default() -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
+from . import _fast
 from . import gguf_keys as K
 from ._llama import (Memory, common_prefix, float_view, free_context, free_model, load_model, n_threads_default,
                      new_context)
@@ -162,11 +163,14 @@ def _top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm over the last axis, in float32 like llama.cpp."""
+    """RMSNorm over the last axis as ggml computes it: the sum of squares in double (each
+    float32 product is exact there), mean and scale in float32, then (x * scale) * weight.
+    The native fast path (_fastpath.c) does the same operations, so both give the same bits."""
     x = x.astype(np.float32, copy=False)
-    # einsum for the mean square: np.mean's Python-level wrapper costs more than the math here
-    scale = 1.0 / np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1]) + np.float32(eps))
-    return (x * scale * weight).astype(np.float32, copy=False)
+    # einsum for the sum of squares: np.mean's Python-level wrapper costs more than the math here
+    mean = (np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return (x * scale[..., None] * weight).astype(np.float32, copy=False)
 
 
 class EagleDrafter(Drafter):
@@ -211,7 +215,27 @@ class EagleDrafter(Drafter):
         self.memory = Memory(self.ctx)
         self._batch = C.llama_batch_ext_init(self.ctx)
         self._pos = C.llama_pos(0)
+        self._init_fast()
         self.reset()
+
+    def _init_fast(self) -> None:
+        """The native fast path's inputs (None when it is off or not built): the draft vocabulary
+        in ascending target ids (its logits are -inf elsewhere; None: scan every entry), the
+        norm weights, and buffers for a chain's state and drafts."""
+        self._fast = _fast.load()
+        if self._fast is None:
+            return
+        ids = self.gguf.tensor_array(K.T_D2T).astype(np.int64) if K.T_D2T in self.gguf.tensors else None
+        self._fast_ids = np.ascontiguousarray(ids) if ids is not None and bool(np.all(np.diff(ids) > 0)) else None
+        self._fast_out_norm = np.ascontiguousarray(self._out_norm_w) if self.spec.norm_output else None
+        self._fast_fc_norm = np.ascontiguousarray(self._fc_norm_w3.reshape(-1)) if self.spec.fc_norm else None
+        self._fast_g = np.empty(self.n_embd, np.float32)
+        self._fast_drafts = np.empty(64, np.int32)
+        self._fast_rows = np.empty(0, np.int32)  # pending rows' tokens, g and fc_norm scratch (grown as needed)
+
+    @staticmethod
+    def _ptr(a: np.ndarray | None) -> int | None:
+        return None if a is None else a.ctypes.data
 
     # --- state ---------------------------------------------------------------------------
 
@@ -224,7 +248,9 @@ class EagleDrafter(Drafter):
         self._kv_tokens: Sequence[int] = ()
 
     def _clear_pending(self) -> None:
-        self._pend_feats: list[np.ndarray] = []
+        # pending rows: their target features in _pend_buf[:_pend_rows] (grown as needed, reused)
+        if getattr(self, "_pend_buf", None) is None:
+            self._pend_buf = np.empty((64, 3 * self.spec.target_hidden_size), np.float32)
         self._pend_tokens: list[int] = []
         self._pend_pos0 = 0
         self._pend_rows = 0
@@ -244,8 +270,7 @@ class EagleDrafter(Drafter):
         drop = self._pend_rows - max(1, keep)
         if drop <= 0:
             return
-        feats = np.concatenate(self._pend_feats)[drop:]
-        self._pend_feats = [feats]
+        self._pend_buf[: self._pend_rows - drop] = self._pend_buf[drop:self._pend_rows].copy()
         self._pend_tokens = self._pend_tokens[drop:]
         self._pend_pos0 += drop
         self._pend_rows -= drop
@@ -261,8 +286,13 @@ class EagleDrafter(Drafter):
             self._pend_pos0 = pos0
         # the token at pos0 completes the previous pending row, if one waits for it
         self._pend_tokens.extend(int(t) for t in (tokens if self._pend_rows else tokens[1:]))
-        self._pend_feats.append(np.array(features, dtype=np.float32, copy=True))
-        self._pend_rows += len(features)
+        end = self._pend_rows + len(features)
+        if end > len(self._pend_buf):
+            grown = np.empty((max(end, 2 * len(self._pend_buf)), self._pend_buf.shape[1]), np.float32)
+            grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
+            self._pend_buf = grown
+        self._pend_buf[self._pend_rows:end] = features
+        self._pend_rows = end
 
     # --- llama.cpp calls -----------------------------------------------------------------
 
@@ -277,6 +307,17 @@ class EagleDrafter(Drafter):
 
         The encoder ignores positions, but llama.cpp checks them against the KV memory:
         they must continue from its last position, so pass the rows' real positions."""
+        if self._fast is not None:
+            feats = np.ascontiguousarray(feats, dtype=np.float32)
+            n, width = feats.shape
+            out = np.empty((n, self.n_embd), np.float32)
+            scratch = np.empty_like(feats) if self._fast_fc_norm is not None else None
+            rc = self._fast.encode(self._fast.api_p, self.ctx, self._batch, feats.ctypes.data, n, width, pos0,
+                                   self._ptr(self._fast_fc_norm), self._eps, self._ptr(scratch), self.n_batch,
+                                   out.ctypes.data, self.n_embd)
+            if rc != 0:
+                raise EdgeEagleError(f"The drafter's encoder failed with code {rc}; check the drafter file.")
+            return out
         feats = self._prepare_features(feats)
         n, width = feats.shape
         out = np.empty((n, self.n_embd), np.float32)
@@ -322,6 +363,20 @@ class EagleDrafter(Drafter):
                      seqs: Sequence[int] | None = None) -> None:
         """One drafter batch: row i is (tokens[i], g[i]) at positions[i] in sequence seqs[i]
         (default 0)."""
+        if self._fast is not None:
+            toks = np.asarray(tokens, dtype=np.int32)
+            pos = np.asarray(positions, dtype=np.int32)
+            sq = None if seqs is None else np.asarray(seqs, dtype=np.int32)
+            g = np.ascontiguousarray(g, dtype=np.float32)
+            rc = self._fast.decode_rows(self._fast.api_p, self.ctx, self._batch, toks.ctypes.data, g.ctypes.data,
+                                        pos.ctypes.data, self._ptr(sq), len(toks), self.n_embd, int(outputs))
+        else:
+            rc = self._decode_rows_py(tokens, g, positions, outputs, seqs)
+        if rc != 0:
+            raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
+
+    def _decode_rows_py(self, tokens: Sequence[int], g: np.ndarray, positions: Sequence[int], outputs: bool,
+                        seqs: Sequence[int] | None) -> int:
         C.llama_batch_ext_clear(self._batch)
         for i, tok in enumerate(tokens):
             idx = C.llama_batch_ext_add_token(self._batch, 0 if seqs is None else seqs[i], int(tok))
@@ -331,9 +386,7 @@ class EagleDrafter(Drafter):
                 g[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd))
             if outputs:
                 C.llama_batch_ext_set_output_logits(self._batch, idx, True)
-        rc = C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-        if rc != 0:
-            raise EdgeEagleError(f"The drafter's decoder failed with code {rc}; the context may be full.")
+        return C.llama_process(self.ctx, C.LLAMA_PROCESS_TYPE_DECODE, self._batch)
 
     def carry(self, h: np.ndarray) -> np.ndarray:
         """The state fed to the next chain step: h (EAGLE-3) or norm(h) (EAGLE-3.1 norm_output)."""
@@ -346,16 +399,16 @@ class EagleDrafter(Drafter):
     def propose(self, tokens: Sequence[int], k: int, p_min: float = 0.0, choose=None) -> Proposal:
         return self.propose_with_logits(tokens, k, p_min, choose, keep_logits=False)[0]
 
-    def _decode_pending(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Run the pending true rows (their tokens now all known); the drafter's logits and
-        pre-norm h at the last committed position, from which drafts start."""
+    def _take_pending(self, tokens: Sequence[int]) -> tuple[list[int], np.ndarray, int]:
+        """The pending true rows, now that their tokens are all known: (tokens, features, pos0)
+        of the rows to run, with the drafter's KV cut back to where they start."""
         if not self._pend_rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
         if self._pend_pos0 + self._pend_rows != n_past:
             raise RuntimeError(f"drafter holds rows up to {self._pend_pos0 + self._pend_rows}, sequence is at {n_past}")
         toks = self._pend_tokens + [int(tokens[-1])]
-        feats = np.concatenate(self._pend_feats) if len(self._pend_feats) > 1 else self._pend_feats[0]
+        feats = self._pend_buf[: self._pend_rows]
         pos0 = self._pend_pos0
         if self._stale:  # llama.cpp accepts any start position on an empty KV, not a gap
             self.memory.clear()
@@ -367,8 +420,14 @@ class EagleDrafter(Drafter):
                 self._kv_rows = -1
         if self._kv_rows >= 0:
             self._kv_rows, self._kv_tokens = n_past, tokens  # the loop only appends to `tokens`
+        self._pend_tokens, self._pend_rows = [], 0  # feats stays a view of _pend_buf until the next ingest
+        return toks, feats, pos0
+
+    def _decode_pending(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Run the pending true rows (their tokens now all known); the drafter's logits and
+        pre-norm h at the last committed position, from which drafts start."""
+        toks, feats, pos0 = self._take_pending(tokens)
         g = self.encode(feats, pos0)
-        self._pend_feats, self._pend_tokens, self._pend_rows = [], [], 0
         return self.decode(toks, g, pos0)
 
     def propose_with_logits(self, tokens: Sequence[int], k: int, p_min: float = 0.0,
@@ -376,6 +435,8 @@ class EagleDrafter(Drafter):
         """A chain of up to k drafts, with the drafter's logits at each step (keep_logits; else
         none are copied). choose(logits) -> (token, q or None) picks each draft (default
         greedy); sampled q's go into the Proposal."""
+        if self._fast is not None and choose is None and not keep_logits and k > 0:
+            return self._fast_propose(tokens, k, p_min), []
         logits, h = self._decode_pending(tokens)
         drafts: list[int] = []
         all_logits: list[np.ndarray] = []
@@ -397,6 +458,29 @@ class EagleDrafter(Drafter):
             pos += 1
             logits, h = self.decode([d], self.carry(h)[None, :], pos)
         return Proposal.chain(drafts, qs if qs else None), all_logits
+
+    def _fast_propose(self, tokens: Sequence[int], k: int, p_min: float) -> Proposal:
+        """propose_with_logits' greedy chain in one native call: the pending rows' encoder and
+        decoder batches, then the chain (the same drafts as the Python path)."""
+        toks, feats, pos0 = self._take_pending(tokens)
+        n, width = feats.shape
+        if k > len(self._fast_drafts):
+            self._fast_drafts = np.empty(k, np.int32)
+        if n > len(self._fast_rows):
+            self._fast_rows = np.empty(max(n, 2 * len(self._fast_rows)), np.int32)
+            self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
+            self._fast_scratch = np.empty((len(self._fast_rows), width), np.float32)
+        tok = self._fast_rows[:n]
+        tok[:] = toks
+        ids = self._fast_ids
+        got = self._fast.propose(self._fast.api_p, self.ctx, self._batch, feats.ctypes.data, n, width, pos0,
+                                 self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
+                                 self._fast_gs.ctypes.data, tok.ctypes.data, self._all_outputs_max, k, p_min,
+                                 self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd,
+                                 self._ptr(self._fast_out_norm), self._fast_g.ctypes.data, self._fast_drafts.ctypes.data)
+        if got < 0:
+            raise EdgeEagleError(f"The drafter failed with code {got}; the context may be full.")
+        return Proposal.chain(self._fast_drafts[:got].tolist(), None)
 
     # --- trees -----------------------------------------------------------------------------
 

@@ -114,7 +114,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
             rows = [0, *(i + 1 for i in path)]
         t_ingest = perf_counter()
         if capturing:
-            drafter.ingest(res.features[rows], n_past, [seq[-1], *accepted])
+            drafter.ingest(res.feature_rows(rows), n_past, [seq[-1], *accepted])
             if not plan.drafts and policy.idle_window:
                 drafter.trim(policy.idle_window)
         t_end = perf_counter()

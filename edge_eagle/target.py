@@ -13,7 +13,6 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,10 +29,38 @@ from .proposal import Proposal
 MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
 
 
-@dataclass
 class DecodeResult:
-    logits: np.ndarray  # [n_rows_with_logits, n_vocab], a view valid until the next decode
-    features: np.ndarray | None  # [n_tokens, 3 * n_embd] captured layer inputs, or None
+    """logits: [n_rows_with_logits, n_vocab], a view valid until the next decode.
+    features: [n_tokens, 3 * n_embd] captured layer inputs (or None), built on first access
+    from the three layers' buffers; feature_rows(rows) builds only those rows (the cycle
+    needs the accepted ones only). Both must be read before the target's next decode, which
+    reuses the buffers: reading later raises instead of returning another decode's rows."""
+
+    __slots__ = ("logits", "_features", "_parts", "_epoch", "_owner")
+
+    def __init__(self, logits: np.ndarray, features: np.ndarray | None = None,
+                 parts: list[np.ndarray] | None = None, owner: "Target | None" = None):
+        self.logits, self._features, self._parts = logits, features, parts
+        self._owner = owner
+        self._epoch = owner._epoch if owner is not None else 0
+
+    def _check(self) -> None:
+        if self._owner is not None and self._owner._epoch != self._epoch:
+            raise RuntimeError("these features were overwritten by a later decode; read them before decoding again")
+
+    @property
+    def features(self) -> np.ndarray | None:
+        if self._features is None and self._parts is not None:
+            self._check()
+            self._features = np.concatenate(self._parts, axis=1)
+            self._parts = None
+        return self._features
+
+    def feature_rows(self, rows: slice | list[int]) -> np.ndarray | None:
+        if self._features is not None or self._parts is None:
+            return None if self._features is None else self._features[rows]
+        self._check()
+        return np.concatenate([p[rows] for p in self._parts], axis=1)
 
 
 class Target:
@@ -65,6 +92,7 @@ class Target:
         self.capture_layers: tuple[int, ...] = ()
         self._captured: dict[str, list[np.ndarray]] = {}
         self._cb_keepalive: Any = None
+        self._epoch = 0  # counts decodes: a DecodeResult's feature views hold until the next one
         threads = n_threads or n_threads_default()
 
         loaded = load_model(self.path, n_gpu_layers, self.n_layer, repack)
@@ -131,7 +159,9 @@ class Target:
             self._captured.setdefault(tensor.name, []).append(out)
         return True
 
-    def _features(self, n_tokens: int) -> np.ndarray | None:
+    def _features(self, n_tokens: int) -> list[np.ndarray] | None:
+        """The captured layer inputs of the last decode, one [n_tokens, n_embd] array per layer
+        (views of llama.cpp's buffers on the layer_inp path)."""
         if not self.capture_layers:
             return None
         if self.capture_path == "layer_inp":
@@ -146,7 +176,7 @@ class Target:
                     raise RuntimeError(f"eval callback captured {got.shape} for layer {lid}, expected "
                                        f"{(n_tokens, self.n_embd)}")
                 parts.append(got)
-        return np.concatenate(parts, axis=1)
+        return parts
 
     # --- decoding ----------------------------------------------------------------------
 
@@ -183,11 +213,12 @@ class Target:
 
     def _run(self, n: int, n_out: int) -> DecodeResult:
         self._batch.n_tokens = n
+        self._epoch += 1
         rc = C.llama_decode(self.ctx, self._batch)
         if rc != 0:
             raise EdgeEagleError(f"llama_decode failed with code {rc}; the context may be full, start a new chat.")
         rows = float_view(C.llama_get_logits(self.ctx), n_out, self.n_vocab)
-        return DecodeResult(rows, self._features(n))
+        return DecodeResult(rows, parts=self._features(n), owner=self)
 
     def decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> DecodeResult:
         """One token for each of several sequences in one batch, logits for every row.
@@ -274,7 +305,7 @@ class Target:
         for i in range(0, len(tokens), self.n_batch):
             res = self.decode(tokens[i:i + self.n_batch], pos0 + i, "last", seq)
             if res.features is not None:
-                feats.append(res.features.copy())
+                feats.append(res.features)  # a new array: the concatenation of the layers
         assert res is not None
         return DecodeResult(res.logits, np.concatenate(feats) if feats else None)
 

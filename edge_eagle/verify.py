@@ -24,12 +24,12 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[in
     if not proposal.is_chain:
         raise ValueError("verify() takes a chain of drafts; tree proposals need tree verification")
     drafts = proposal.tokens
-    if sampler.params.greedy:
-        best = np.argmax(logits[: len(drafts) + 1], axis=1)
-        n = 0
-        while n < len(drafts) and best[n] == drafts[n]:
-            n += 1
-        return n, int(best[n])
+    if sampler.params.greedy:  # row by row: the rows after the first mismatch are never read
+        for n, d in enumerate(drafts):
+            best = int(logits[n].argmax())
+            if best != d:
+                return n, best
+        return len(drafts), int(logits[len(drafts)].argmax())
     q = proposal.q
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i])

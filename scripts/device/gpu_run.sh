@@ -83,6 +83,12 @@ for mod in gguf jinja2 markupsafe yaml; do
         --find-links "$DEV/part1/wheels" --target "$SITE" "$( [ $mod = yaml ] && echo pyyaml || echo $mod )" >> "$LOG" 2>&1 \
         || log "could not install $mod from .device/part1/wheels"
 done
+# the native fast path (edge_eagle/_fastpath.c; ignored by git, so it never travels): one cc call
+EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+if [ ! -f "$REPO/edge_eagle/_fastpath$EXT" ]; then
+    ${CC:-cc} -O2 -std=c99 -shared -fPIC "$REPO/edge_eagle/_fastpath.c" -o "$REPO/edge_eagle/_fastpath$EXT" -lm >> "$LOG" 2>&1 \
+        && log "built the native fast path" || log "no native fast path (cc failed, see run.log): the Python path runs"
+fi
 phase setup ok $(( $(date +%s) - t ))
 log "setup done: $GGUF"
 

@@ -1,0 +1,114 @@
+"""The optional native fast path (edge_eagle/_fastpath.c): the drafter's per-row llama.cpp
+calls, host norms and argmax in C, handed llama.cpp's entry points as function pointers.
+
+setup.py builds it as an optional extension; without a C compiler the install still works and
+everything runs the Python path, which drafts the same tokens (tests/test_fastpath.py).
+EDGE_EAGLE_FASTPATH=0 turns it off (for A/B measurements).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from llama_cpp import llama_cpp as C
+
+from . import _bindings as B
+
+ABI_VERSION = 2
+_i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+
+
+class Api(ctypes.Structure):
+    """Mirror of ee_api in _fastpath.c."""
+
+    _fields_ = [(name, _vp) for name in (
+        "batch_clear", "batch_add_token", "batch_add_embd", "batch_set_embd_token", "batch_set_output_logits",
+        "batch_set_pos", "process", "get_logits_ith", "get_embd_nextn", "get_embd_nextn_ith")] + [
+        ("encode_type", _i32), ("decode_type", _i32), ("timing", _i32), ("native_s", ctypes.c_double)]
+
+
+def library_path() -> Path | None:
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_fastpath{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _addr(fn: Any) -> int:
+    return int(ctypes.cast(fn, _vp).value or 0)
+
+
+class FastPath:
+    """The loaded library and one ee_api table (shared: llama.cpp's entry points are global)."""
+
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        lib.ee_abi_version.restype = _i32
+        if lib.ee_abi_version() != ABI_VERSION:
+            raise OSError(f"{path.name} has ABI {lib.ee_abi_version()}, not {ABI_VERSION}")
+        P = ctypes.POINTER
+        api_p = P(Api)
+        lib.ee_encode.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _i32]
+        lib.ee_encode.restype = _i32
+        lib.ee_propose.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _vp, _i32, _i32,
+                                   _f32, _vp, _i32, _i32, _i32, _vp, _vp, _vp]
+        lib.ee_propose.restype = _i32
+        lib.ee_decode_rows.argtypes = [api_p, _vp, _vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32]
+        lib.ee_decode_rows.restype = _i32
+        lib.ee_rms_norm.argtypes = [_vp, _vp, _i32, _i32, _f32, _vp]
+        lib.ee_rms_norm.restype = None
+        lib.ee_argmax_rows.argtypes = [_vp, _i32, _i32, _vp]
+        lib.ee_argmax_rows.restype = None
+        self.lib = lib
+        raw = C._lib  # the ctypes symbols themselves, not module attributes a profiler may have wrapped
+        self.api = Api(
+            _addr(raw.llama_batch_ext_clear), _addr(raw.llama_batch_ext_add_token), _addr(raw.llama_batch_ext_add_embd),
+            _addr(raw.llama_batch_ext_set_embd_token), _addr(raw.llama_batch_ext_set_output_logits),
+            _addr(raw.llama_batch_ext_set_pos), _addr(raw.llama_process), _addr(raw.llama_get_logits_ith),
+            _addr(B.symbol("llama_get_embeddings_nextn")), _addr(B.symbol("llama_get_embeddings_nextn_ith")),
+            int(C.LLAMA_PROCESS_TYPE_ENCODE), int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
+        self.api_p = ctypes.pointer(self.api)
+        self.propose, self.encode, self.decode_rows = lib.ee_propose, lib.ee_encode, lib.ee_decode_rows
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        """The C RMSNorm over the last axis (for the parity test against eagle.rms_norm)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        w = np.ascontiguousarray(np.broadcast_to(weight, (x.shape[-1],)), dtype=np.float32)
+        out = np.empty_like(x)
+        n = x.shape[-1]
+        self.lib.ee_rms_norm(x.ctypes.data, w.ctypes.data, x.size // n, n, eps, out.ctypes.data)
+        return out
+
+    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
+        out = np.empty(len(x), np.int32)
+        self.lib.ee_argmax_rows(x.ctypes.data, len(x), x.shape[1], out.ctypes.data)
+        return out
+
+
+def enabled() -> bool:
+    return os.environ.get("EDGE_EAGLE_FASTPATH", "1") != "0"
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> FastPath | None:
+    path = library_path()
+    if path is None:
+        return None
+    try:
+        return FastPath(path)
+    except OSError:  # a stale or foreign build: the Python path still works
+        return None
+
+
+def load() -> FastPath | None:
+    """The fast path, or None when it is off (EDGE_EAGLE_FASTPATH=0) or was not built."""
+    return _load() if enabled() else None

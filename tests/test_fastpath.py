@@ -1,0 +1,129 @@
+"""The native fast path (edge_eagle/_fastpath.c) computes what the Python path computes: the
+same RMSNorm bits, numpy's argmax, the same encoder states and the same draft chains, so
+turning it on changes the host cost and nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_eagle import EdgeEagle, _fast
+from edge_eagle.eagle import EagleDrafter, rms_norm
+from edge_eagle.target import Target
+from tests.conftest import VARIANTS
+from tests.test_lossless import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def fast():
+    lib = _fast.load()
+    assert lib is not None, ("the native fast path was not built: `pip install -e .` compiles edge_eagle/_fastpath.c "
+                             "(it needs a C compiler)")
+    return lib
+
+
+def test_the_install_builds_the_fast_path(fast):
+    assert _fast.library_path() is not None
+    assert fast.lib.ee_abi_version() == _fast.ABI_VERSION
+
+
+def test_fast_path_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("EDGE_EAGLE_FASTPATH", "0")
+    assert _fast.load() is None
+
+
+def test_rms_norm_bits_equal_the_python_path(fast):
+    rng = np.random.default_rng(0)
+    for shape, scale in [((576,), 1.0), ((7, 576), 30.0), ((5, 64), 1e-3), ((3, 1), 2.0), ((2, 1728), 400.0)]:
+        x = (rng.standard_normal(shape) * scale).astype(np.float32)
+        w = rng.standard_normal(shape[-1]).astype(np.float32)
+        assert np.array_equal(fast.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5)), shape
+
+
+def test_argmax_equals_numpy_on_ties_infinities_and_nan(fast):
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((7, 1000)).astype(np.float32)
+    rows[1, [3, 500]] = 10.0  # a tie: the first wins
+    rows[2] = -np.inf  # nothing finite: the first entry
+    rows[3, [700, 800]] = np.nan  # NaN counts as the maximum, the first one
+    rows[4] = 5.0
+    rows[5, 999] = np.inf
+    rows[6, :10] = -np.inf
+    assert np.array_equal(fast.argmax_rows(rows), rows.argmax(-1))
+
+
+def _drafter_runs(target: Target, path, monkeypatch, flag: str, k: int, p_min: float):
+    """Encoder states and draft chains over a few prompts, each chain continued by its own
+    first draft for several cycles (the drafter's KV advancing as in the loop)."""
+    monkeypatch.setenv("EDGE_EAGLE_FASTPATH", flag)
+    d = EagleDrafter(path, target)
+    try:
+        assert (d._fast is not None) == (flag == "1")
+        out = []
+        for prompt in PROMPTS[:3]:
+            target.memory.clear()
+            d.reset()
+            target.set_capture(d.target_layers)
+            toks = target.tokenize(prompt)
+            res = target.prefill(toks)
+            feats = res.features
+            out.append(d.encode(feats, 0).tobytes())
+            d.ingest(feats, 0, toks)
+            seq = toks + [int(np.argmax(res.logits[-1]))]
+            for _ in range(4):  # accept one draft per cycle, as a real verify would feed it back
+                chain = d.propose(seq, k, p_min)
+                out.append(chain.tokens)
+                step = [seq[-1], *chain.tokens[:1]]
+                res = target.decode(step, len(seq) - 1, "all")
+                nxt = int(np.argmax(res.logits[len(step) - 1]))
+                target.memory.remove_from(len(seq) - 1 + len(step))
+                d.ingest(res.features, len(seq) - 1, step)
+                seq = seq + list(chain.tokens[:1]) + [nxt]
+        return out
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_both_paths_encode_and_draft_the_same_for_every_drafter_variant(fast, tiny_target, tiny_drafters, variant,
+                                                                       monkeypatch):
+    target = Target(tiny_target, n_ctx=512)
+    try:
+        for k, p_min in ((5, 0.0), (6, 0.05)):
+            py = _drafter_runs(target, tiny_drafters[variant][0], monkeypatch, "0", k, p_min)
+            c = _drafter_runs(target, tiny_drafters[variant][0], monkeypatch, "1", k, p_min)
+            assert py == c
+    finally:
+        target.close()
+
+
+def _generate(target, drafter, monkeypatch, flag: str, **kw) -> list:
+    monkeypatch.setenv("EDGE_EAGLE_FASTPATH", flag)
+    out = []
+    with EdgeEagle(target, drafter, n_ctx=1024) as ee:
+        assert (ee.drafter._fast is not None) == (flag == "1")
+        for prompt in PROMPTS[:3]:
+            gen = ee.chat([{"role": "user", "content": prompt}], **kw).result()
+            out.append((gen.text, gen.stats.accepted, gen.stats.drafted, gen.stats.verify_steps))
+    return out
+
+
+def test_trained_drafter_generates_the_same_text_and_acceptance_on_both_paths(fast, tiny_target, trained_drafters,
+                                                                             monkeypatch):
+    drafter = trained_drafters["eagle3.1"][1]
+    # fixed k: `auto` chooses from measured timings, which differ between any two runs
+    for kw in ({"k": 5, "max_tokens": 48}, {"k": 3, "max_tokens": 48, "p_min": 0.3}):
+        py = _generate(tiny_target, drafter, monkeypatch, "0", **kw)
+        assert py == _generate(tiny_target, drafter, monkeypatch, "1", **kw)
+        assert sum(a for _, a, _, _ in py) > 0  # acceptance is there to compare
+
+
+@pytest.mark.smollm
+def test_shipped_drafter_on_smollm_is_the_same_on_both_paths(fast, smollm, monkeypatch):
+    from edge_eagle.defaults import default_drafter
+
+    monkeypatch.setenv("EDGE_EAGLE_FASTPATH", "1")
+    with EdgeEagle(smollm, default_drafter(), n_ctx=256) as ee:
+        assert ee.drafter._fast_ids is not None  # its 8k draft vocabulary: the chain reads only those logits
+    py = _generate(smollm, default_drafter(), monkeypatch, "0", k=5, max_tokens=40)
+    assert py == _generate(smollm, default_drafter(), monkeypatch, "1", k=5, max_tokens=40)
