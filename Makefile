@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
 export HF_HUB_OFFLINE := 1
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
