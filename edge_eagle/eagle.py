@@ -232,6 +232,7 @@ class EagleDrafter(Drafter):
         self._fast_g = np.empty(self.n_embd, np.float32)
         self._fast_drafts = np.empty(64, np.int32)
         self._fast_rows = np.empty(0, np.int32)  # pending rows' tokens, g and fc_norm scratch (grown as needed)
+        self._fast_feats: np.ndarray | None = None  # the _pend_buf that _fast_args points into
 
     @staticmethod
     def _ptr(a: np.ndarray | None) -> int | None:
@@ -463,24 +464,35 @@ class EagleDrafter(Drafter):
         """propose_with_logits' greedy chain in one native call: the pending rows' encoder and
         decoder batches, then the chain (the same drafts as the Python path)."""
         toks, feats, pos0 = self._take_pending(tokens)
-        n, width = feats.shape
-        if k > len(self._fast_drafts):
-            self._fast_drafts = np.empty(k, np.int32)
-        if n > len(self._fast_rows):
-            self._fast_rows = np.empty(max(n, 2 * len(self._fast_rows)), np.int32)
-            self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
-            self._fast_scratch = np.empty((len(self._fast_rows), width), np.float32)
-        tok = self._fast_rows[:n]
-        tok[:] = toks
-        ids = self._fast_ids
-        got = self._fast.propose(self._fast.api_p, self.ctx, self._batch, feats.ctypes.data, n, width, pos0,
-                                 self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
-                                 self._fast_gs.ctypes.data, tok.ctypes.data, self._all_outputs_max, k, p_min,
-                                 self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd,
-                                 self._ptr(self._fast_out_norm), self._fast_g.ctypes.data, self._fast_drafts.ctypes.data)
+        n = len(toks)
+        if k > len(self._fast_drafts) or n > len(self._fast_rows) or self._fast_feats is not self._pend_buf:
+            self._fast_buffers(n, k)
+        self._fast_rows[:n] = toks
+        a = self._fast_args
+        got = self._fast.propose(a[0], a[1], a[2], a[3], n, a[4], pos0, a[5], a[6], a[7], a[8], a[9], a[10], a[11], k,
+                                 p_min, a[12], a[13], a[14], a[15], a[16], a[17], a[18])
         if got < 0:
             raise EdgeEagleError(f"The drafter failed with code {got}; the context may be full.")
         return Proposal.chain(self._fast_drafts[:got].tolist(), None)
+
+    def _fast_buffers(self, n: int, k: int) -> None:
+        """(Re)allocate the fast path's buffers for n pending rows and k drafts, and keep the
+        call's constant arguments (pointers as ints) in one tuple: a cycle then converts no
+        numpy array to a pointer."""
+        if k > len(self._fast_drafts):
+            self._fast_drafts = np.empty(max(k, 2 * len(self._fast_drafts)), np.int32)
+        if n > len(self._fast_rows):
+            self._fast_rows = np.empty(max(n, 2 * len(self._fast_rows)), np.int32)
+            self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
+            self._fast_scratch = np.empty((len(self._fast_rows), self._pend_buf.shape[1]), np.float32)
+        self._fast_feats = self._pend_buf  # grown by ingest() into a new array: then rebuilt here
+        ids = self._fast_ids
+        self._fast_args = (
+            self._fast.api_p, self.ctx, self._batch, self._pend_buf.ctypes.data, self._pend_buf.shape[1],
+            self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
+            self._fast_gs.ctypes.data, self._fast_rows.ctypes.data, self._all_outputs_max,
+            self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd, self._ptr(self._fast_out_norm),
+            self._fast_g.ctypes.data, self._fast_drafts.ctypes.data)
 
     # --- trees -----------------------------------------------------------------------------
 
