@@ -6,7 +6,8 @@
 #                   labels, capped at the regenerated set's 348k feature tokens (equal tokens);
 #   mix-all         the regenerated set (every turn, 348k) + the fixed-text set (all of it): more
 #                   conversations, ~1 epoch in 240 steps instead of ~2.6;
-#   mix-all-eagle3  the same with EAGLE-3 norms (the ablation at the final recipe).
+#   fixed348k-eagle3  fixed348k with EAGLE-3 norms (the ablation at the final recipe, which is
+#                   fixed348k's; it runs after the other two: three at once need ~22 GB of RAM).
 # The regenerated arm at this budget is the v2 drafter itself (models/recipe.sh, step 3).
 # Each run reports simulated acceptance on the eval sets (scripts/eval_sets.py) every 40 steps.
 #   models/data_rungs.sh REGEN_FEATURES FIXED_FEATURES OUT_DIR
@@ -25,7 +26,7 @@ edge-eagle train "${COMMON[@]}" --data sharegpt --turns first --features "$FIX" 
     --out "$OUT/fixed348k" --gguf "$OUT/fixed348k.gguf" > "$OUT/fixed348k.log" 2>&1 &
 edge-eagle train "${COMMON[@]}" "${REGEN[@]}" --also-features "$FIX" \
     --out "$OUT/mix-all" --gguf "$OUT/mix-all.gguf" > "$OUT/mix-all.log" 2>&1 &
-edge-eagle train "${COMMON[@]}" "${REGEN[@]}" --also-features "$FIX" --norms eagle3 \
-    --out "$OUT/mix-all-eagle3" --gguf "$OUT/mix-all-eagle3.gguf" > "$OUT/mix-all-eagle3.log" 2>&1 &
 wait
-python scripts/eval_sets.py score "$OUT/fixed348k/checkpoint" "$OUT/mix-all/checkpoint" "$OUT/mix-all-eagle3/checkpoint"
+edge-eagle train "${COMMON[@]}" --data sharegpt --turns first --features "$FIX" --train-tokens 348051 --norms eagle3 \
+    --out "$OUT/fixed348k-eagle3" --gguf "$OUT/fixed348k-eagle3.gguf" > "$OUT/fixed348k-eagle3.log" 2>&1
+python scripts/eval_sets.py score "$OUT/fixed348k/checkpoint" "$OUT/mix-all/checkpoint" "$OUT/fixed348k-eagle3/checkpoint"
