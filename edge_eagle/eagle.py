@@ -468,9 +468,8 @@ class EagleDrafter(Drafter):
         if k > len(self._fast_drafts) or n > len(self._fast_rows) or self._fast_feats is not self._pend_buf:
             self._fast_buffers(n, k)
         self._fast_rows[:n] = toks
-        a = self._fast_args
-        got = self._fast.propose(a[0], a[1], a[2], a[3], n, a[4], pos0, a[5], a[6], a[7], a[8], a[9], a[10], a[11], k,
-                                 p_min, a[12], a[13], a[14], a[15], a[16], a[17], a[18])
+        head, mid, tail = self._fast_args  # ee_propose's arguments around the per-cycle ones
+        got = self._fast.propose(*head, n, self._pend_buf.shape[1], pos0, *mid, k, p_min, *tail)
         if got < 0:
             raise EdgeEagleError(f"The drafter failed with code {got}; the context may be full.")
         return Proposal.chain(self._fast_drafts[:got].tolist(), None)
@@ -488,11 +487,11 @@ class EagleDrafter(Drafter):
         self._fast_feats = self._pend_buf  # grown by ingest() into a new array: then rebuilt here
         ids = self._fast_ids
         self._fast_args = (
-            self._fast.api_p, self.ctx, self._batch, self._pend_buf.ctypes.data, self._pend_buf.shape[1],
-            self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
-            self._fast_gs.ctypes.data, self._fast_rows.ctypes.data, self._all_outputs_max,
-            self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd, self._ptr(self._fast_out_norm),
-            self._fast_g.ctypes.data, self._fast_drafts.ctypes.data)
+            (self._fast.api_p, self.ctx, self._batch, self._pend_buf.ctypes.data),
+            (self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
+             self._fast_gs.ctypes.data, self._fast_rows.ctypes.data, self._all_outputs_max),
+            (self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd, self._ptr(self._fast_out_norm),
+             self._fast_g.ctypes.data, self._fast_drafts.ctypes.data))
 
     # --- trees -----------------------------------------------------------------------------
 

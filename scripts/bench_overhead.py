@@ -51,24 +51,15 @@ _sync = [0.0]
 _floor = [0.0]  # seconds of a plain ctypes call (marshalling only), measured at start
 
 
-def _timed(fn):
+def _timed(fn, total: list[float], beyond_ctypes: bool = False):
+    """fn, adding its time to total[0]; with beyond_ctypes only the time beyond a plain ctypes
+    call (_floor): a getter's native work (synchronise, reorder outputs), not its marshalling."""
     def wrapper(*args):
         t0 = time.perf_counter()
         try:
             return fn(*args)
         finally:
-            _native[0] += time.perf_counter() - t0
-    return wrapper
-
-
-def _timed_getter(fn):
-    """A getter's time beyond a plain ctypes call is native (synchronise, reorder outputs)."""
-    def wrapper(*args):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            _sync[0] += max(0.0, time.perf_counter() - t0 - _floor[0])
+            total[0] += max(0.0, time.perf_counter() - t0 - (_floor[0] if beyond_ctypes else 0.0))
     return wrapper
 
 
@@ -135,10 +126,10 @@ def main() -> int:
     from edge_eagle.stats import spread
     from edge_eagle.system import cpu_name
 
-    C.llama_decode = _timed(C.llama_decode)
-    C.llama_process = _timed(C.llama_process)
+    C.llama_decode = _timed(C.llama_decode, _native)
+    C.llama_process = _timed(C.llama_process, _native)
     for mod, name in GETTERS:
-        setattr(mod, name, _timed_getter(getattr(mod, name)))
+        setattr(mod, name, _timed(getattr(mod, name), _sync, beyond_ctypes=True))
     keys = [(k, fast) for k in args.k for fast in modes]
     runs: dict[tuple[int, bool], dict[str, list[float]]] = {
         key: {"share": [], "us": [], "sync_us": [], "cycle_ms": [], "d": []} for key in keys}

