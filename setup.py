@@ -10,4 +10,5 @@ from setuptools import Extension, setup
 
 args = [] if sys.platform == "win32" else ["-O2", "-std=c99"]
 setup(ext_modules=[Extension("edge_eagle._fastpath", ["edge_eagle/_fastpath.c"], extra_compile_args=args,
+                             define_macros=[("EE_WITH_PYTHON", "1")],
                              libraries=[] if sys.platform == "win32" else ["m"], optional=True)])

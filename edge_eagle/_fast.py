@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import importlib.machinery
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
@@ -29,8 +30,26 @@ class Api(ctypes.Structure):
 
     _fields_ = [(name, _vp) for name in (
         "batch_clear", "batch_add_token", "batch_add_embd", "batch_set_embd_token", "batch_set_output_logits",
-        "batch_set_pos", "process", "get_logits_ith", "get_embd_nextn", "get_embd_nextn_ith")] + [
+        "batch_set_pos", "process", "get_logits_ith", "get_embd_nextn", "get_embd_nextn_ith", "decode", "get_logits",
+        "get_layer_inp", "memory_seq_rm", "memory_clear")] + [
         ("encode_type", _i32), ("decode_type", _i32), ("timing", _i32), ("native_s", ctypes.c_double)]
+
+
+class Target(ctypes.Structure):
+    """Mirror of ee_target in _fastpath.c: what a cycle needs of the target."""
+
+    _fields_ = [("ctx", _vp), ("batch", _vp), ("mem", _vp), ("n_vocab", _i32), ("n_embd", _i32),
+                ("n_layers", _i32), ("layers", ctypes.c_uint32 * 3)]
+
+
+class Session(ctypes.Structure):
+    """Mirror of ee_session in _fastpath.c: a cycle's constant inputs (the drafter's buffers)."""
+
+    _fields_ = [("api", _vp), ("ctx", _vp), ("batch", _vp), ("mem", _vp), ("feats", _vp), ("feats_rows", _i32),
+                ("width", _i32), ("fc_norm_w", _vp), ("eps", _f32), ("scratch", _vp), ("n_batch", _i32), ("g", _vp),
+                ("tokens", _vp), ("rows", _i32), ("all_outputs_max", _i32), ("ids", _vp), ("n_ids", _i32),
+                ("n_vocab", _i32), ("n_embd", _i32), ("out_norm_w", _vp), ("gbuf", _vp), ("drafts", _vp),
+                ("drafts_cap", _i32), ("target", Target)]
 
 
 def library_path() -> Path | None:
@@ -61,6 +80,8 @@ class FastPath:
         lib.ee_propose.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _vp, _i32, _i32,
                                    _f32, _vp, _i32, _i32, _i32, _vp, _vp, _vp]
         lib.ee_propose.restype = _i32
+        lib.ee_argmax_lanes.argtypes = [_i32]
+        lib.ee_argmax_lanes.restype = _i32
         lib.ee_decode_rows.argtypes = [api_p, _vp, _vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32]
         lib.ee_decode_rows.restype = _i32
         lib.ee_rms_norm.argtypes = [_vp, _vp, _i32, _i32, _f32, _vp]
@@ -74,9 +95,32 @@ class FastPath:
             _addr(raw.llama_batch_ext_set_embd_token), _addr(raw.llama_batch_ext_set_output_logits),
             _addr(raw.llama_batch_ext_set_pos), _addr(raw.llama_process), _addr(raw.llama_get_logits_ith),
             _addr(B.symbol("llama_get_embeddings_nextn")), _addr(B.symbol("llama_get_embeddings_nextn_ith")),
-            int(C.LLAMA_PROCESS_TYPE_ENCODE), int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
+            _addr(raw.llama_decode), _addr(raw.llama_get_logits), _addr(B.symbol("llama_get_embeddings_layer_inp")),
+            _addr(raw.llama_memory_seq_rm), _addr(raw.llama_memory_clear), int(C.LLAMA_PROCESS_TYPE_ENCODE), int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
         self.api_p = ctypes.pointer(self.api)
         self.propose, self.encode, self.decode_rows = lib.ee_propose, lib.ee_encode, lib.ee_decode_rows
+        lib.ee_cycle.argtypes = [_vp, _i32, _i32, _i32, _f32, _i32, _i32, _vp, _vp]
+        lib.ee_cycle.restype = _i32
+        self._out, self._secs = (_i32 * 3)(), (ctypes.c_double * 3)()
+        try:  # the whole greedy cycle as a CPython function of the same library (see _fastpath.c)
+            self.cycle = importlib.import_module(f"{__package__}._fastpath").cycle
+        except (ImportError, SystemError, AttributeError):  # built without Python's headers
+            self.cycle = self.ctypes_cycle
+
+    def ctypes_cycle(self, address: int, pending: list[int], last: int, pos0: int, k: int, p_min: float,
+                     clear: bool) -> tuple | int:
+        """The CPython `cycle` through ctypes (ee_cycle): (drafted, accepted tokens, bonus token,
+        draft, verify and copy seconds), or a negative error code."""
+        s = Session.from_address(address)
+        n = len(pending) + 1
+        if n > s.rows or n > s.feats_rows or not 0 < k <= s.drafts_cap or k >= s.feats_rows:
+            raise ValueError("cycle: the session's buffers are too small for these rows or k")
+        (_i32 * n).from_address(s.tokens)[:] = [*pending, last]
+        rc = self.lib.ee_cycle(address, n, pos0, k, p_min, last, int(clear), self._out, self._secs)
+        if rc != 0:
+            return rc
+        got, acc, bonus = self._out
+        return (got, (_i32 * acc).from_address(s.drafts)[:] if acc else [], bonus, *self._secs)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         """The C RMSNorm over the last axis (for the parity test against eagle.rms_norm)."""
@@ -86,6 +130,11 @@ class FastPath:
         n = x.shape[-1]
         self.lib.ee_rms_norm(x.ctypes.data, w.ctypes.data, x.size // n, n, eps, out.ctypes.data)
         return out
+
+    def argmax_lanes(self, force: int = 0) -> int:
+        """Which argmax the library runs after choosing again (1: scalar, 4 or 8 lanes); force 1 or
+        4 picks that one (for the tests)."""
+        return int(self.lib.ee_argmax_lanes(force))
 
     def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
@@ -105,7 +154,7 @@ def _load() -> FastPath | None:
         return None
     try:
         return FastPath(path)
-    except OSError:  # a stale or foreign build: the Python path still works
+    except (OSError, ImportError, AttributeError):  # a stale or foreign build: the Python path still works
         return None
 
 

@@ -7,9 +7,17 @@
  * operation for operation (RMSNorm: a double sum of squares, then float32 scale, x * scale * w,
  * as ggml does), so both paths draft the same tokens; tests/test_fastpath.py checks that.
  *
- * It is built as an optional extension module (setup.py) but loaded with ctypes, not imported:
- * PyInit__fastpath exists only because some platforms' linkers want that export.
+ * It is built as an optional extension module (setup.py) and loaded with ctypes. With
+ * EE_WITH_PYTHON (setup.py defines it) the whole greedy cycle (ee_session) is also a CPython
+ * function, `cycle`, imported: a ctypes call and its conversions cost more, with the caches
+ * that llama.cpp's kernels leave behind, than the rest of the cycle's host work. Without
+ * Python's headers, ee_cycle through ctypes does the same (edge_eagle/_fast.py picks).
  */
+
+#ifdef EE_WITH_PYTHON
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
 
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 199309L /* clock_gettime under -std=c99 */
@@ -31,12 +39,22 @@
 #define EE_API __attribute__((visibility("default")))
 #endif
 
-#define EE_ABI_VERSION 2
+#define EE_ABI_VERSION 3
 
 struct llama_embd { /* include/llama.h of llama.cpp as vendored by llama-cpp-python 0.3.36 */
     const float *data;
     size_t n_rows;
     size_t n_embd;
+};
+
+struct llama_batch { /* the classic batch the target decodes (include/llama.h) */
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
 };
 
 typedef struct {
@@ -50,6 +68,11 @@ typedef struct {
     float *(*get_logits_ith)(void *ctx, int32_t i);
     float *(*get_embd_nextn)(void *ctx);
     float *(*get_embd_nextn_ith)(void *ctx, int32_t i);
+    int32_t (*decode)(void *ctx, struct llama_batch batch); /* the target's entry points (ee_cycle) */
+    float *(*get_logits)(void *ctx);
+    float *(*get_layer_inp)(void *ctx, uint32_t il);
+    bool (*memory_seq_rm)(void *mem, int32_t seq_id, int32_t p0, int32_t p1);
+    void (*memory_clear)(void *mem, bool data);
     int32_t encode_type;
     int32_t decode_type;
     int32_t timing;   /* when set, native_s accumulates the seconds spent inside llama.cpp calls */
@@ -89,7 +112,6 @@ static const float *get_ith(ee_api *api, float *(*fn)(void *, int32_t), void *ct
 
 EE_API int32_t ee_abi_version(void) { return EE_ABI_VERSION; }
 
-EE_API void *PyInit__fastpath(void) { return NULL; }
 
 /* RMSNorm of one row like ggml's CPU kernel: sum of squares in double (each float product is
  * exact in double), mean and scale in float, then (x * scale) * w. */
@@ -105,22 +127,12 @@ EE_API void ee_rms_norm(const float *x, const float *w, int32_t rows, int32_t n,
     for (int32_t r = 0; r < rows; r++) rms_norm_row(x + (size_t)r * n, w, n, eps, out + (size_t)r * n);
 }
 
-/* numpy's argmax of a logit row: the first maximum, NaN counting as the maximum. With ids (the
- * drafter's draft vocabulary, ascending; every other entry is -inf) only those are read. */
-static int32_t argmax_row(const float *row, const int64_t *ids, int32_t n_ids, int32_t n_vocab) {
+/* numpy's argmax of a row, scalar: the first maximum, NaN counting as the maximum. */
+static int32_t argmax_scalar(const float *row, int32_t n) {
     int32_t best = 0;
     float bv = -INFINITY;
     bool seen = false;
-    if (ids) {
-        for (int32_t j = 0; j < n_ids; j++) {
-            const int32_t i = (int32_t)ids[j];
-            const float v = row[i];
-            if (v != v) return i;
-            if (!seen || v > bv) { bv = v; best = i; seen = true; }
-        }
-        return bv == -INFINITY ? 0 : best; /* a row of -inf only: numpy answers its first entry */
-    }
-    for (int32_t i = 0; i < n_vocab; i++) {
+    for (int32_t i = 0; i < n; i++) {
         const float v = row[i];
         if (v != v) return i;
         if (!seen || v > bv) { bv = v; best = i; seen = true; }
@@ -128,8 +140,95 @@ static int32_t argmax_row(const float *row, const int64_t *ids, int32_t n_ids, i
     return best;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+/* The same with GCC/Clang vector extensions (SSE2 or NEON at W = 4, AVX2 at W = 8): per lane the
+ * running maximum and the index of its first occurrence (a strict >, so earlier wins within a
+ * lane); lanes are merged by value, then lowest index. A row with a NaN goes to the scalar
+ * version, which answers the first NaN as numpy does. About 5 us for 49k floats with AVX2. */
+#define EE_ARGMAX_VEC(NAME, W, ATTR)                                                                  \
+    typedef float NAME##_vf __attribute__((vector_size(4 * W)));                                     \
+    typedef int32_t NAME##_vi __attribute__((vector_size(4 * W)));                                   \
+    ATTR static int32_t NAME(const float *row, int32_t n) {                                          \
+        NAME##_vf m;                                                                                 \
+        NAME##_vi idx, cur, nan;                                                                     \
+        for (int l = 0; l < W; l++) { m[l] = -INFINITY; idx[l] = 0; cur[l] = l; nan[l] = 0; }        \
+        int32_t i = 0;                                                                               \
+        for (; i + W <= n; i += W) {                                                                 \
+            NAME##_vf a;                                                                             \
+            memcpy(&a, row + i, sizeof a);                                                           \
+            const NAME##_vi gt = a > m;                                                              \
+            m = (NAME##_vf)(((NAME##_vi)a & gt) | ((NAME##_vi)m & ~gt));                             \
+            idx = (cur & gt) | (idx & ~gt);                                                          \
+            nan |= a != a;                                                                           \
+            cur += W;                                                                                \
+        }                                                                                            \
+        int32_t any_nan = 0;                                                                         \
+        for (int l = 0; l < W; l++) any_nan |= nan[l];                                               \
+        for (int32_t j = i; j < n; j++) any_nan |= row[j] != row[j];                                 \
+        if (any_nan) return argmax_scalar(row, n);                                                   \
+        float bv = -INFINITY;                                                                        \
+        int32_t best = -1;                                                                           \
+        for (int l = 0; l < W; l++)                                                                  \
+            if (m[l] > bv || (m[l] == bv && best >= 0 && idx[l] < best)) { bv = m[l]; best = idx[l]; } \
+        for (int32_t j = i; j < n; j++)                                                              \
+            if (row[j] > bv) { bv = row[j]; best = j; }                                              \
+        return best < 0 ? 0 : best; /* every entry -inf: numpy answers the first */                 \
+    }
+EE_ARGMAX_VEC(argmax_vec4, 4, )
+#if defined(__x86_64__) || defined(__i386__)
+EE_ARGMAX_VEC(argmax_vec8_avx2, 8, __attribute__((target("avx2"))))
+#endif
+#endif
+
+static int32_t (*argmax_impl)(const float *, int32_t) = NULL;
+
+/* argmax over a whole row, by the fastest version this CPU runs */
+static int32_t argmax_full(const float *row, int32_t n) {
+    if (!argmax_impl) {
+#if defined(__GNUC__) || defined(__clang__)
+        argmax_impl = argmax_vec4;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2")) argmax_impl = argmax_vec8_avx2;
+#endif
+#else
+        argmax_impl = argmax_scalar;
+#endif
+    }
+    return argmax_impl(row, n);
+}
+
+/* numpy's argmax of a logit row: the first maximum, NaN counting as the maximum. With ids (the
+ * drafter's draft vocabulary, ascending; every other entry is -inf) only those are read. */
+static int32_t argmax_row(const float *row, const int64_t *ids, int32_t n_ids, int32_t n_vocab) {
+    if (!ids) return argmax_full(row, n_vocab);
+    int32_t best = 0;
+    float bv = -INFINITY;
+    bool seen = false;
+    for (int32_t j = 0; j < n_ids; j++) {
+        const int32_t i = (int32_t)ids[j];
+        const float v = row[i];
+        if (v != v) return i;
+        if (!seen || v > bv) { bv = v; best = i; seen = true; }
+    }
+    return bv == -INFINITY ? 0 : best; /* a row of -inf only: numpy answers its first entry */
+}
+
+/* Which argmax argmax_full runs, after choosing again: 1 scalar, 4 or 8 lanes; force = 1 or 4 picks
+ * that one instead (the tests check each version against numpy). */
+EE_API int32_t ee_argmax_lanes(int32_t force) {
+    argmax_impl = NULL;
+    argmax_full(NULL, 0);
+    if (force == 1) argmax_impl = argmax_scalar;
+#if defined(__GNUC__) || defined(__clang__)
+    if (force == 4) argmax_impl = argmax_vec4;
+    if (argmax_impl == argmax_vec4) return 4;
+#endif
+    return argmax_impl == argmax_scalar ? 1 : 8;
+}
+
 EE_API void ee_argmax_rows(const float *logits, int32_t rows, int32_t n_vocab, int32_t *out) {
-    for (int32_t r = 0; r < rows; r++) out[r] = argmax_row(logits + (size_t)r * n_vocab, NULL, 0, n_vocab);
+    for (int32_t r = 0; r < rows; r++) out[r] = argmax_full(logits + (size_t)r * n_vocab, n_vocab);
 }
 
 /* The probability of the most probable token, 1 / sum(exp(l - max)) over the finite entries. */
@@ -268,3 +367,178 @@ EE_API int32_t ee_propose(ee_api *api, void *ctx, void *batch, const float *feat
     return ee_chain(api, ctx, batch, logits, h, pos0 + n - 1, k, p_min, ids, n_ids, n_vocab, n_embd, out_norm_w, eps,
                     gbuf, drafts);
 }
+
+/* The target, for a cycle: its context, classic batch (every row in sequence 0), KV memory,
+ * vocabulary and the captured layers (llama_get_embeddings_layer_inp). */
+typedef struct {
+    void *ctx;
+    struct llama_batch *batch;
+    void *mem;
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layers;
+    uint32_t layers[3];
+} ee_target;
+
+/* Everything a greedy cycle needs that does not change from cycle to cycle (filled by
+ * edge_eagle/_fast.py, whose Session mirrors it; the buffers are the drafter's): ee_propose's
+ * constant arguments, the pending rows' buffers and their capacity, the drafter's KV memory and
+ * the target. */
+typedef struct {
+    ee_api *api;
+    void *ctx;
+    void *batch;
+    void *mem;
+    float *feats;
+    int32_t feats_rows;
+    int32_t width;
+    const float *fc_norm_w;
+    float eps;
+    float *scratch;
+    int32_t n_batch;
+    float *g;
+    int32_t *tokens;
+    int32_t rows;
+    int32_t all_outputs_max;
+    const int64_t *ids;
+    int32_t n_ids;
+    int32_t n_vocab;
+    int32_t n_embd;
+    const float *out_norm_w;
+    float *gbuf;
+    int32_t *drafts;
+    int32_t drafts_cap;
+    ee_target target;
+} ee_session;
+
+/* A whole greedy cycle of the loop: the drafter's KV cut back to pos0 (or cleared), ee_propose's
+ * chain of up to k drafts from the n pending rows (s->tokens, s->feats), then the target's
+ * verify batch (last, drafts...) at n_past = pos0 + n, greedy verification (accept while a
+ * draft equals the target's argmax; the first mismatch, or the row after the last draft, gives
+ * the bonus token), the target's KV cut back to what was accepted, and the accepted rows'
+ * captured features written to s->feats rows 0..acc (the next cycle's pending rows).
+ * out: drafts, accepted, bonus; secs: seconds drafting, verifying and copying features.
+ * Returns 0, or a negative code (ee_propose's, or -4000 - llama_decode's, or -5000 when an
+ * output is missing). */
+static int32_t cycle_run(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_min, int32_t last,
+                         int32_t clear_kv, int32_t *out, double *secs) {
+    ee_api *api = s->api;
+    const double t0 = now_s();
+    double tn = api->timing ? now_s() : 0.0;
+    if (clear_kv) api->memory_clear(s->mem, true);
+    else api->memory_seq_rm(s->mem, 0, pos0, -1); /* the last proposal's chain rows */
+    if (api->timing) api->native_s += now_s() - tn;
+    const int32_t got = ee_propose(api, s->ctx, s->batch, s->feats, n, s->width, pos0, s->fc_norm_w, s->eps, s->scratch,
+                                   s->n_batch, s->g, s->tokens, s->all_outputs_max, k, p_min, s->ids, s->n_ids,
+                                   s->n_vocab, s->n_embd, s->out_norm_w, s->gbuf, s->drafts);
+    if (got < 0) return got;
+    const double t1 = now_s();
+    const ee_target *t = &s->target;
+    const int32_t n_past = pos0 + n; /* the last committed token's position (the pending rows end before it) */
+    struct llama_batch *b = t->batch;
+    for (int32_t i = 0; i <= got; i++) {
+        b->token[i] = i ? s->drafts[i - 1] : last;
+        b->pos[i] = n_past + i;
+        b->logits[i] = 1;
+    }
+    b->n_tokens = got + 1;
+    tn = api->timing ? now_s() : 0.0;
+    const int32_t rc = api->decode(t->ctx, *b);
+    const float *logits = rc == 0 ? api->get_logits(t->ctx) : NULL;
+    if (api->timing) api->native_s += now_s() - tn;
+    if (rc != 0) return -4000 - (rc < 0 ? -rc : rc);
+    if (!logits) return -5000;
+    int32_t acc = 0, bonus;
+    for (;;) {
+        bonus = argmax_full(logits + (size_t)acc * t->n_vocab, t->n_vocab);
+        if (acc == got || bonus != s->drafts[acc]) break;
+        acc++;
+    }
+    if (acc < got) {
+        tn = api->timing ? now_s() : 0.0;
+        api->memory_seq_rm(t->mem, 0, n_past + acc + 1, -1);
+        if (api->timing) api->native_s += now_s() - tn;
+    }
+    const double t2 = now_s();
+    for (int32_t l = 0; l < t->n_layers; l++) {
+        tn = api->timing ? now_s() : 0.0;
+        const float *src = api->get_layer_inp(t->ctx, t->layers[l]);
+        if (api->timing) api->native_s += now_s() - tn;
+        if (!src) return -5000;
+        for (int32_t r = 0; r <= acc; r++)
+            memcpy(s->feats + (size_t)r * s->width + (size_t)l * t->n_embd, src + (size_t)r * t->n_embd,
+                   sizeof(float) * (size_t)t->n_embd);
+    }
+    out[0] = got;
+    out[1] = acc;
+    out[2] = bonus;
+    secs[0] = t1 - t0;
+    secs[1] = t2 - t1;
+    secs[2] = now_s() - t2;
+    return 0;
+}
+
+EE_API int32_t ee_cycle(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_min, int32_t last,
+                        int32_t clear_kv, int32_t *out, double *secs) {
+    return cycle_run(s, n, pos0, k, p_min, last, clear_kv, out, secs);
+}
+
+#ifdef EE_WITH_PYTHON
+/* cycle(session, pending, last, pos0, k, p_min, clear_kv) -> (drafted, accepted, bonus, draft_s,
+ * verify_s, copy_s) or a negative int (an error code). session: an ee_session's address; pending:
+ * the pending rows' tokens but the last row's (a list of ints), which is `last`. The GIL is
+ * released while llama.cpp computes. */
+static PyObject *py_cycle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "cycle(session, pending: list, last, pos0, k, p_min, clear_kv)");
+        return NULL;
+    }
+    ee_session *s = (ee_session *)PyLong_AsVoidPtr(args[0]);
+    const Py_ssize_t n_pend = PyList_GET_SIZE(args[1]);
+    const long last = PyLong_AsLong(args[2]), pos0 = PyLong_AsLong(args[3]), k = PyLong_AsLong(args[4]);
+    const double p_min = PyFloat_AsDouble(args[5]);
+    const int clear_kv = PyObject_IsTrue(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (!s || n_pend + 1 > s->rows || n_pend + 1 > s->feats_rows || k < 1 || k > s->drafts_cap ||
+        k >= s->feats_rows) {
+        PyErr_SetString(PyExc_ValueError, "cycle: the session's buffers are too small for these rows or k");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n_pend; i++) {
+        const long v = PyLong_AsLong(PyList_GET_ITEM(args[1], i));
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        s->tokens[i] = (int32_t)v;
+    }
+    s->tokens[n_pend] = (int32_t)last;
+    int32_t out[3] = {0, 0, 0};
+    double secs[3] = {0.0, 0.0, 0.0};
+    int32_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cycle_run(s, (int32_t)n_pend + 1, (int32_t)pos0, (int32_t)k, (float)p_min, (int32_t)last, clear_kv, out, secs);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyLong_FromLong(rc);
+    PyObject *accepted = PyList_New(out[1]);
+    if (!accepted) return NULL;
+    for (int32_t i = 0; i < out[1]; i++) {
+        PyObject *v = PyLong_FromLong(s->drafts[i]);
+        if (!v) {
+            Py_DECREF(accepted);
+            return NULL;
+        }
+        PyList_SET_ITEM(accepted, i, v);
+    }
+    return Py_BuildValue("(iNiddd)", out[0], accepted, out[2], secs[0], secs[1], secs[2]);
+}
+
+static PyMethodDef methods[] = {
+    {"cycle", (PyCFunction)(void (*)(void))py_cycle, METH_FASTCALL, "One greedy speculative cycle (see _fastpath.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastpath(void) { return PyModule_Create(&module); }
+#else
+EE_API void *PyInit__fastpath(void) { return NULL; } /* not importable: _fast.py uses ee_cycle */
+#endif

@@ -52,6 +52,12 @@ class Drafter(ABC):
         loop samples, it passes choose(logits) -> (token, q); a drafter with a distribution
         picks each draft with it and returns the q's in the Proposal, others ignore it."""
 
+    def fused_cycle(self, target):
+        """A native function running a whole greedy chain cycle (draft, the target's verify,
+        greedy verification, ingest) for this target, or None: the loop then calls propose(),
+        the target and ingest() itself. EagleDrafter has one (see there)."""
+        return None
+
     def close(self) -> None:
         """Release native resources."""
 

@@ -233,6 +233,7 @@ class EagleDrafter(Drafter):
         self._fast_drafts = np.empty(64, np.int32)
         self._fast_rows = np.empty(0, np.int32)  # pending rows' tokens, g and fc_norm scratch (grown as needed)
         self._fast_feats: np.ndarray | None = None  # the _pend_buf that _fast_args points into
+        self._fast_session = None  # the cycle session pointing at the current buffers (see _session_buffers)
 
     @staticmethod
     def _ptr(a: np.ndarray | None) -> int | None:
@@ -403,26 +404,33 @@ class EagleDrafter(Drafter):
     def _take_pending(self, tokens: Sequence[int]) -> tuple[list[int], np.ndarray, int]:
         """The pending true rows, now that their tokens are all known: (tokens, features, pos0)
         of the rows to run, with the drafter's KV cut back to where they start."""
+        pending, pos0, clear = self._claim_pending(tokens)
+        if clear:
+            self.memory.clear()
+        else:
+            self.memory.remove_from(pos0)  # drop chain rows of the last proposal
+        # feats stays a view of _pend_buf until the next ingest
+        return pending + [int(tokens[-1])], self._pend_buf[: len(pending) + 1], pos0
+
+    def _claim_pending(self, tokens: Sequence[int]) -> tuple[list[int], int, bool]:
+        """_take_pending's bookkeeping: (the pending rows' tokens but the last row's, which is
+        tokens[-1]; their first position; whether the drafter's KV must be cleared rather than
+        cut back to that position), the pending rows now taken."""
         if not self._pend_rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
         if self._pend_pos0 + self._pend_rows != n_past:
             raise RuntimeError(f"drafter holds rows up to {self._pend_pos0 + self._pend_rows}, sequence is at {n_past}")
-        toks = self._pend_tokens + [int(tokens[-1])]
-        feats = self._pend_buf[: self._pend_rows]
-        pos0 = self._pend_pos0
-        if self._stale:  # llama.cpp accepts any start position on an empty KV, not a gap
-            self.memory.clear()
+        pending, pos0, clear = self._pend_tokens, self._pend_pos0, self._stale
+        if clear:  # llama.cpp accepts any start position on an empty KV, not a gap
             self._stale = False
             self._kv_rows = -1  # rows no longer start at position 0: nothing to reuse
-        else:
-            self.memory.remove_from(pos0)  # drop chain rows of the last proposal
-            if self._kv_rows != pos0:
-                self._kv_rows = -1
+        elif self._kv_rows != pos0:
+            self._kv_rows = -1
         if self._kv_rows >= 0:
             self._kv_rows, self._kv_tokens = n_past, tokens  # the loop only appends to `tokens`
-        self._pend_tokens, self._pend_rows = [], 0  # feats stays a view of _pend_buf until the next ingest
-        return toks, feats, pos0
+        self._pend_tokens, self._pend_rows = [], 0
+        return pending, pos0, clear
 
     def _decode_pending(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Run the pending true rows (their tokens now all known); the drafter's logits and
@@ -474,6 +482,69 @@ class EagleDrafter(Drafter):
             raise EdgeEagleError(f"The drafter failed with code {got}; the context may be full.")
         return Proposal.chain(self._fast_drafts[:got].tolist(), None)
 
+    def fused_cycle(self, target: Target):
+        """A function that runs whole greedy chain cycles natively (the library's `cycle`), or
+        None when the fast path is off or the target captures through the eval callback. Called
+        as cycle(tokens, k, p_min) once the target captures this drafter's layers, it drafts,
+        verifies and ingests like propose(), Target.decode(), verify() and ingest() together,
+        and answers (drafted, accepted tokens, bonus token, draft seconds, verify seconds, copy
+        seconds); or None when this cycle cannot run natively (a tree left sequence ids in the
+        target's batch, or k does not fit it)."""
+        if self._fast is None or target.capture_path != "layer_inp" or len(self.target_layers) != 3:
+            return None
+        session = _fast.Session(target=_fast.Target(
+            target.ctx, ctypes.addressof(target._batch), target.memory._mem, target.n_vocab, target.n_embd, 3,
+            (ctypes.c_uint32 * 3)(*self.target_layers)))
+        address = ctypes.addressof(session)
+        native, n_batch = self._fast.cycle, target.n_batch
+
+        def cycle(tokens: Sequence[int], k: int, p_min: float):
+            if target._seq_rows or not 0 < k < n_batch:
+                return None
+            if (self._fast_session is not session or self._fast_feats is not self._pend_buf
+                    or self._pend_rows > session.rows or k > session.drafts_cap):
+                self._session_buffers(session, self._pend_rows, k)
+            pending, pos0, clear = self._claim_pending(tokens)
+            got = native(address, pending, tokens[-1], pos0, k, p_min, clear)
+            target._epoch += 1
+            if isinstance(got, int):
+                raise EdgeEagleError(f"The speculative cycle failed with code {got}; the context may be full, "
+                                     "start a new chat.")
+            accepted = got[1]
+            n_past = pos0 + len(pending) + 1
+            held = target.memory.tokens  # what Target.decode and remove_from would have kept
+            if len(held) == n_past:
+                held.append(tokens[-1])
+                held += accepted
+            else:
+                held.clear()
+            self._pend_tokens, self._pend_pos0, self._pend_rows = accepted, n_past, len(accepted) + 1
+            return got
+
+        return cycle
+
+    def _session_buffers(self, session: "_fast.Session", n: int, k: int) -> None:
+        """Point a cycle's session at buffers for n pending rows and k drafts (grown as needed;
+        the pending rows' features are kept), and at this drafter's constant inputs."""
+        if len(self._pend_buf) <= k:  # room for the accepted rows' features, written at rows 0..k
+            grown = np.empty((2 * k + 2, self._pend_buf.shape[1]), np.float32)
+            grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
+            self._pend_buf = grown
+        self._fast_buffers(max(n, k + 1), k)
+        ids = self._fast_ids
+        for name, value in (
+                ("api", ctypes.addressof(self._fast.api)), ("ctx", self.ctx), ("batch", self._batch),
+                ("mem", self.memory._mem), ("feats", self._pend_buf.ctypes.data), ("feats_rows", len(self._pend_buf)),
+                ("width", self._pend_buf.shape[1]), ("fc_norm_w", self._ptr(self._fast_fc_norm)), ("eps", self._eps),
+                ("scratch", self._fast_scratch.ctypes.data), ("n_batch", self.n_batch),
+                ("g", self._fast_gs.ctypes.data), ("tokens", self._fast_rows.ctypes.data),
+                ("rows", len(self._fast_rows)), ("all_outputs_max", self._all_outputs_max), ("ids", self._ptr(ids)),
+                ("n_ids", 0 if ids is None else len(ids)), ("n_vocab", self.n_vocab), ("n_embd", self.n_embd),
+                ("out_norm_w", self._ptr(self._fast_out_norm)), ("gbuf", self._fast_g.ctypes.data),
+                ("drafts", self._fast_drafts.ctypes.data), ("drafts_cap", len(self._fast_drafts))):
+            setattr(session, name, value)
+        self._fast_session = session  # the buffers it points to are this drafter's current ones
+
     def _fast_buffers(self, n: int, k: int) -> None:
         """(Re)allocate the fast path's buffers for n pending rows and k drafts, and keep the
         call's constant arguments (pointers as ints) in one tuple: a cycle then converts no
@@ -485,6 +556,7 @@ class EagleDrafter(Drafter):
             self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
             self._fast_scratch = np.empty((len(self._fast_rows), self._pend_buf.shape[1]), np.float32)
         self._fast_feats = self._pend_buf  # grown by ingest() into a new array: then rebuilt here
+        self._fast_session = None  # a cycle session points at the old buffers: _session_buffers again
         ids = self._fast_ids
         self._fast_args = (
             (self._fast.api_p, self.ctx, self._batch, self._pend_buf.ctypes.data),

@@ -49,6 +49,8 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         target.memory.clear()
         drafter.reset()
     choose = None if sampler.params.greedy else sampler.draft  # sampled drafts carry their q
+    # greedy chains with the native fast path: draft, verify and ingest in one call per cycle
+    fused = drafter.fused_cycle(target) if wants_features and choose is None else None
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
@@ -86,44 +88,55 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
                     if plan.drafts:
                         plan = Plan()  # no context rows yet: this cycle decodes plainly
         room = min(max_tokens - produced - 1, target.n_ctx - n_past - 1)
-        if room <= 0 or plan.n <= 0:
-            proposal = EMPTY
-        elif plan.kind == LOOKUP:
-            proposal = (plan.proposal or EMPTY).truncated(room)
-        elif plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
-            proposal = drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
-                                            depth=min(tree_depth, room))
+        cycle = None
+        if fused is not None and capturing and plan.kind == CHAIN and plan.n > 0 and room > 0:
+            t_call = perf_counter()
+            cycle = fused(seq, min(plan.n, room), p_min)
+        if cycle is not None:
+            n_drafted, accepted, bonus, draft_s, verify_s, _ = cycle
+            n_acc, depth, ranks = len(accepted), n_drafted, []
+            t_verify = t_call + draft_s
+            t_ingest = t_verify + verify_s
+            t_end = perf_counter()
         else:
-            proposal = drafter.propose(seq, min(plan.n, room), p_min, choose).truncated(room)
-        t_verify = perf_counter()
-        if proposal.is_chain:
-            batch = [seq[-1], *proposal.tokens]
-            res = target.decode(batch, n_past, "all" if proposal.tokens else "last")
-            n_acc, bonus = verify(sampler, res.logits, proposal)
-            if n_acc < len(proposal):
-                target.memory.remove_from(n_past + n_acc + 1)
-            accepted = list(proposal.tokens[:n_acc])
-            rows: list[int] | slice = slice(0, n_acc + 1)
-            ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
-        else:
-            res = target.decode_tree(seq[-1], proposal.tokens, proposal.parents, n_past)
-            path, bonus, ranks = verify_tree(sampler, res.logits, proposal)
-            target.keep_path(path, n_past, seq[-1], proposal.tokens)
-            n_acc = len(path)
-            accepted = [proposal.tokens[i] for i in path]
-            rows = [0, *(i + 1 for i in path)]
-        t_ingest = perf_counter()
-        if capturing:
-            drafter.ingest(res.feature_rows(rows), n_past, [seq[-1], *accepted])
-            if not plan.drafts and policy.idle_window:
-                drafter.trim(policy.idle_window)
-        t_end = perf_counter()
+            if room <= 0 or plan.n <= 0:
+                proposal = EMPTY
+            elif plan.kind == LOOKUP:
+                proposal = (plan.proposal or EMPTY).truncated(room)
+            elif plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
+                proposal = drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
+                                                depth=min(tree_depth, room))
+            else:
+                proposal = drafter.propose(seq, min(plan.n, room), p_min, choose).truncated(room)
+            t_verify = perf_counter()
+            if proposal.is_chain:
+                batch = [seq[-1], *proposal.tokens]
+                res = target.decode(batch, n_past, "all" if proposal.tokens else "last")
+                n_acc, bonus = verify(sampler, res.logits, proposal)
+                if n_acc < len(proposal):
+                    target.memory.remove_from(n_past + n_acc + 1)
+                accepted = list(proposal.tokens[:n_acc])
+                rows: list[int] | slice = slice(0, n_acc + 1)
+                ranks = []  # a chain's accepted drafts have no siblings to rank
+            else:
+                res = target.decode_tree(seq[-1], proposal.tokens, proposal.parents, n_past)
+                path, bonus, ranks = verify_tree(sampler, res.logits, proposal)
+                target.keep_path(path, n_past, seq[-1], proposal.tokens)
+                n_acc = len(path)
+                accepted = [proposal.tokens[i] for i in path]
+                rows = [0, *(i + 1 for i in path)]
+            t_ingest = perf_counter()
+            if capturing:
+                drafter.ingest(res.feature_rows(rows), n_past, [seq[-1], *accepted])
+                if not plan.drafts and policy.idle_window:
+                    drafter.trim(policy.idle_window)
+            t_end = perf_counter()
+            n_drafted, depth = len(proposal), max(proposal.depths, default=0)
 
         stats.t_verify += t_ingest - t_verify
         stats.t_draft += (t_verify - t_step) + (t_end - t_ingest)
-        stats.record_step(len(proposal), n_acc, kind=plan.kind if proposal.tokens else PLAIN,
-                          depth=max(proposal.depths, default=0), ranks=ranks)
-        policy.update(len(proposal), n_acc, len(proposal) + 1, t_ingest - t_verify, t_verify - t_step)
+        stats.record_step(n_drafted, n_acc, kind=plan.kind if n_drafted else PLAIN, depth=depth, ranks=ranks)
+        policy.update(n_drafted, n_acc, n_drafted + 1, t_ingest - t_verify, t_verify - t_step)
         new = [*accepted, bonus]
         seq += new
         n_past += n_acc + 1

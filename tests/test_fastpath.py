@@ -127,3 +127,87 @@ def test_shipped_drafter_on_smollm_is_the_same_on_both_paths(fast, smollm, monke
         assert ee.drafter._fast_ids is not None  # its 8k draft vocabulary: the chain reads only those logits
     py = _generate(smollm, default_drafter(), monkeypatch, "0", k=5, max_tokens=40)
     assert py == _generate(smollm, default_drafter(), monkeypatch, "1", k=5, max_tokens=40)
+
+
+@pytest.mark.parametrize("force", [1, 4, 0])
+def test_every_argmax_version_equals_numpy(fast, force):
+    lanes = fast.argmax_lanes(force)
+    try:
+        assert lanes == (force or lanes) and lanes in (1, 4, 8)
+        rng = np.random.default_rng(2)
+        for n in (1, 3, 7, 8, 9, 16, 17, 33, 1000, 49152):
+            rows = rng.standard_normal((9, n)).astype(np.float32)
+            rows[1, [0, n - 1]] = 10.0  # ties: the first wins, also between lanes and the tail
+            rows[2] = -np.inf  # nothing finite: the first entry
+            rows[3, n // 2] = np.nan  # NaN counts as the maximum ...
+            rows[3, n - 1] = np.nan  # ... the first one
+            rows[4] = 5.0
+            rows[5, n - 1] = np.inf
+            rows[6, : n // 2] = -np.inf
+            rows[7] = np.where(rng.random(n) < 0.8, -np.inf, rows[7])  # a draft vocabulary's row
+            rows[8] = 0.0
+            rows[8, n // 3] = -0.0  # equal to 0.0: the first still wins
+            assert np.array_equal(fast.argmax_rows(rows), rows.argmax(-1)), (lanes, n)
+    finally:
+        fast.argmax_lanes(0)
+
+
+@pytest.mark.parametrize("entry", ["cpython", "ctypes"])
+def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedule(fast, tiny_target,
+                                                                                   trained_drafters, monkeypatch,
+                                                                                   entry):
+    """The native cycle (draft, the target's verify, greedy verification and ingest in one call),
+    as the CPython function and through ctypes (a build without Python's headers), against the
+    loop's own steps, with plain, chain, tree and lookup cycles interleaved: the same tokens,
+    counts, KV contents and pending drafter rows, and lossless against plain decoding."""
+    from edge_eagle.eagle import EagleDrafter
+    from edge_eagle.sampling import Sampler, SamplingParams
+    from edge_eagle.speculative import speculate
+    from edge_eagle.stats import SpecStats
+    from tests.test_lossless import assert_lossless
+    from tests.test_tree import _Shuffle
+
+    monkeypatch.setenv("EDGE_EAGLE_FASTPATH", "1")
+    assert type(fast.cycle).__name__ == "builtin_function_or_method"  # setup.py builds the CPython one
+    if entry == "ctypes":
+        monkeypatch.setattr(fast, "cycle", fast.ctypes_cycle)
+    native = EagleDrafter.fused_cycle
+    calls = {"fused": 0, "accepted": 0}
+
+    def counted(self, target):
+        cycle = native(self, target)
+
+        def run(*args):
+            got = cycle(*args)
+            if got is not None:
+                calls["fused"] += 1
+                calls["accepted"] += len(got[1])
+            return got
+        return run
+
+    def generate(fused: bool) -> list:
+        monkeypatch.setattr(EagleDrafter, "fused_cycle", counted if fused else (lambda self, target: None))
+        out = []
+        with EdgeEagle(tiny_target, trained_drafters["eagle3.1"][1], n_ctx=512) as ee:
+            for seed, prompt in enumerate(PROMPTS):
+                chat = ee.apply_chat_template([{"role": "user", "content": prompt}])
+                toks = ee.target.tokenize(chat, add_special=False)  # chat text: the drafter was trained on it
+                plain = ee.generate(toks, max_tokens=48, speculative=False).result().tokens
+                ee.target.memory.clear()
+                stats, got = SpecStats(), []
+                policy = _Shuffle(seed, ["plain", "chain", "chain", "chain", "chain", "tree", "lookup"])
+                for new, _ in speculate(ee.target, ee.drafter, toks, max_tokens=48, policy=policy,
+                                        sampler=Sampler(SamplingParams()), stats=stats):
+                    got += new
+                assert_lossless(ee.target, toks, plain, got)
+                d = ee.drafter
+                out.append((got, stats.accepted, stats.drafted, stats.verify_steps, dict(stats.proposers),
+                            list(ee.target.memory.tokens), list(d._pend_tokens), d._pend_pos0, d._pend_rows,
+                            d._pend_buf[: d._pend_rows].tobytes(), d._kv_rows))
+        return out
+
+    steps = generate(False)
+    assert calls["fused"] == 0
+    assert generate(True) == steps
+    assert calls["fused"] >= 10 and calls["accepted"] >= 5, calls
+    assert sum(s[1] for s in steps) > 0

@@ -115,12 +115,13 @@ class _Shuffle:
 
     idle_window = None
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, choices: list[str] | None = None):
         self.rng = random.Random(seed)
+        self.choices = choices or ["plain", "chain", "tree", "tree", "lookup"]
         self.kinds: list[str] = []
 
     def plan(self, tokens):
-        choice = self.rng.choice(["plain", "chain", "tree", "tree", "lookup"])
+        choice = self.rng.choice(self.choices)
         self.kinds.append(choice)
         if choice == "chain":
             return Plan(CHAIN, self.rng.randint(1, 5))
