@@ -21,7 +21,7 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
@@ -77,16 +77,17 @@ class FastPath:
         api_p = P(Api)
         lib.ee_encode.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _i32]
         lib.ee_encode.restype = _i32
-        lib.ee_propose.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _vp, _i32, _i32,
-                                   _f32, _vp, _i32, _i32, _i32, _vp, _vp, _vp]
+        lib.ee_propose.argtypes = [_vp, _i32, _i32, _i32, _f32, _i32]
         lib.ee_propose.restype = _i32
+        lib.ee_cycle.argtypes = [_vp, _i32, _i32, _i32, _f32, _i32, _i32, _vp, _vp]
+        lib.ee_cycle.restype = _i32
         lib.ee_argmax_lanes.argtypes = [_i32]
         lib.ee_argmax_lanes.restype = _i32
         lib.ee_decode_rows.argtypes = [api_p, _vp, _vp, _vp, _vp, _vp, _vp, _i32, _i32, _i32]
         lib.ee_decode_rows.restype = _i32
         lib.ee_rms_norm.argtypes = [_vp, _vp, _i32, _i32, _f32, _vp]
         lib.ee_rms_norm.restype = None
-        lib.ee_argmax_rows.argtypes = [_vp, _i32, _i32, _vp]
+        lib.ee_argmax_rows.argtypes = [_vp, _i32, _i32, _vp, _i32, _vp]
         lib.ee_argmax_rows.restype = None
         self.lib = lib
         raw = C._lib  # the ctypes symbols themselves, not module attributes a profiler may have wrapped
@@ -96,27 +97,40 @@ class FastPath:
             _addr(raw.llama_batch_ext_set_pos), _addr(raw.llama_process), _addr(raw.llama_get_logits_ith),
             _addr(B.symbol("llama_get_embeddings_nextn")), _addr(B.symbol("llama_get_embeddings_nextn_ith")),
             _addr(raw.llama_decode), _addr(raw.llama_get_logits), _addr(B.symbol("llama_get_embeddings_layer_inp")),
-            _addr(raw.llama_memory_seq_rm), _addr(raw.llama_memory_clear), int(C.LLAMA_PROCESS_TYPE_ENCODE), int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
+            _addr(raw.llama_memory_seq_rm), _addr(raw.llama_memory_clear), int(C.LLAMA_PROCESS_TYPE_ENCODE),
+            int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
         self.api_p = ctypes.pointer(self.api)
-        self.propose, self.encode, self.decode_rows = lib.ee_propose, lib.ee_encode, lib.ee_decode_rows
-        lib.ee_cycle.argtypes = [_vp, _i32, _i32, _i32, _f32, _i32, _i32, _vp, _vp]
-        lib.ee_cycle.restype = _i32
+        self.encode, self.decode_rows = lib.ee_encode, lib.ee_decode_rows
         self._out, self._secs = (_i32 * 3)(), (ctypes.c_double * 3)()
-        try:  # the whole greedy cycle as a CPython function of the same library (see _fastpath.c)
-            self.cycle = importlib.import_module(f"{__package__}._fastpath").cycle
+        try:  # a proposal and a whole greedy cycle as CPython functions of the same library (_fastpath.c)
+            module = importlib.import_module(f"{__package__}._fastpath")
+            self.propose, self.cycle = module.propose, module.cycle
         except (ImportError, SystemError, AttributeError):  # built without Python's headers
-            self.cycle = self.ctypes_cycle
+            self.propose, self.cycle = self.ctypes_propose, self.ctypes_cycle
 
-    def ctypes_cycle(self, address: int, pending: list[int], last: int, pos0: int, k: int, p_min: float,
-                     clear: bool) -> tuple | int:
-        """The CPython `cycle` through ctypes (ee_cycle): (drafted, accepted tokens, bonus token,
-        draft, verify and copy seconds), or a negative error code."""
+    # propose(session address, pending tokens, last, pos0, k, p_min, clear KV) -> drafts or an error
+    # code; cycle(...) -> (drafted, accepted tokens, bonus, draft, verify and copy seconds) or a code.
+    # Without Python's headers, the same through ctypes:
+
+    @staticmethod
+    def _session_tokens(address: int, pending: list[int], last: int, k: int) -> Session:
         s = Session.from_address(address)
         n = len(pending) + 1
         if n > s.rows or n > s.feats_rows or not 0 < k <= s.drafts_cap or k >= s.feats_rows:
-            raise ValueError("cycle: the session's buffers are too small for these rows or k")
+            raise ValueError("the session's buffers are too small for these rows or k")
         (_i32 * n).from_address(s.tokens)[:] = [*pending, last]
-        rc = self.lib.ee_cycle(address, n, pos0, k, p_min, last, int(clear), self._out, self._secs)
+        return s
+
+    def ctypes_propose(self, address: int, pending: list[int], last: int, pos0: int, k: int, p_min: float,
+                       clear: bool) -> list[int] | int:
+        s = self._session_tokens(address, pending, last, k)
+        got = self.lib.ee_propose(address, len(pending) + 1, pos0, k, p_min, int(clear))
+        return got if got < 0 else (_i32 * got).from_address(s.drafts)[:] if got else []
+
+    def ctypes_cycle(self, address: int, pending: list[int], last: int, pos0: int, k: int, p_min: float,
+                     clear: bool) -> tuple | int:
+        s = self._session_tokens(address, pending, last, k)
+        rc = self.lib.ee_cycle(address, len(pending) + 1, pos0, k, p_min, last, int(clear), self._out, self._secs)
         if rc != 0:
             return rc
         got, acc, bonus = self._out
@@ -136,10 +150,13 @@ class FastPath:
         4 picks that one (for the tests)."""
         return int(self.lib.ee_argmax_lanes(force))
 
-    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+    def argmax_rows(self, logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """Each row's argmax (over ids, ascending, when given: a draft vocabulary), for the tests."""
         x = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
         out = np.empty(len(x), np.int32)
-        self.lib.ee_argmax_rows(x.ctypes.data, len(x), x.shape[1], out.ctypes.data)
+        i = None if ids is None else np.ascontiguousarray(ids, dtype=np.int32)
+        self.lib.ee_argmax_rows(x.ctypes.data, len(x), x.shape[1], None if i is None else i.ctypes.data,
+                                0 if i is None else len(i), out.ctypes.data)
         return out
 
 

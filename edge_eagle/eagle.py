@@ -226,14 +226,16 @@ class EagleDrafter(Drafter):
         if self._fast is None:
             return
         ids = self.gguf.tensor_array(K.T_D2T).astype(np.int64) if K.T_D2T in self.gguf.tensors else None
-        self._fast_ids = np.ascontiguousarray(ids) if ids is not None and bool(np.all(np.diff(ids) > 0)) else None
+        ascending = ids is not None and bool(np.all(np.diff(ids) > 0)) and int(ids[-1]) < self.n_vocab
+        self._fast_ids = np.ascontiguousarray(ids, dtype=np.int32) if ascending else None
         self._fast_out_norm = np.ascontiguousarray(self._out_norm_w) if self.spec.norm_output else None
         self._fast_fc_norm = np.ascontiguousarray(self._fc_norm_w3.reshape(-1)) if self.spec.fc_norm else None
         self._fast_g = np.empty(self.n_embd, np.float32)
         self._fast_drafts = np.empty(64, np.int32)
         self._fast_rows = np.empty(0, np.int32)  # pending rows' tokens, g and fc_norm scratch (grown as needed)
-        self._fast_feats: np.ndarray | None = None  # the _pend_buf that _fast_args points into
-        self._fast_session = None  # the cycle session pointing at the current buffers (see _session_buffers)
+        self._fast_feats: np.ndarray | None = None  # the _pend_buf that the session points into
+        self._session = _fast.Session()  # the library's view of these buffers (see _session_buffers)
+        self._session_addr = ctypes.addressof(self._session)
 
     @staticmethod
     def _ptr(a: np.ndarray | None) -> int | None:
@@ -471,16 +473,12 @@ class EagleDrafter(Drafter):
     def _fast_propose(self, tokens: Sequence[int], k: int, p_min: float) -> Proposal:
         """propose_with_logits' greedy chain in one native call: the pending rows' encoder and
         decoder batches, then the chain (the same drafts as the Python path)."""
-        toks, feats, pos0 = self._take_pending(tokens)
-        n = len(toks)
-        if k > len(self._fast_drafts) or n > len(self._fast_rows) or self._fast_feats is not self._pend_buf:
-            self._fast_buffers(n, k)
-        self._fast_rows[:n] = toks
-        head, mid, tail = self._fast_args  # ee_propose's arguments around the per-cycle ones
-        got = self._fast.propose(*head, n, self._pend_buf.shape[1], pos0, *mid, k, p_min, *tail)
-        if got < 0:
+        address = self._fast_ready(k)
+        pending, pos0, clear = self._claim_pending(tokens)
+        got = self._fast.propose(address, pending, tokens[-1], pos0, k, p_min, clear)
+        if isinstance(got, int):
             raise EdgeEagleError(f"The drafter failed with code {got}; the context may be full.")
-        return Proposal.chain(self._fast_drafts[:got].tolist(), None)
+        return Proposal.chain(got, None)
 
     def fused_cycle(self, target: Target):
         """A function that runs whole greedy chain cycles natively (the library's `cycle`), or
@@ -492,18 +490,14 @@ class EagleDrafter(Drafter):
         target's batch, or k does not fit it)."""
         if self._fast is None or target.capture_path != "layer_inp" or len(self.target_layers) != 3:
             return None
-        session = _fast.Session(target=_fast.Target(
-            target.ctx, ctypes.addressof(target._batch), target.memory._mem, target.n_vocab, target.n_embd, 3,
-            (ctypes.c_uint32 * 3)(*self.target_layers)))
-        address = ctypes.addressof(session)
+        self._session.target = _fast.Target(target.ctx, ctypes.addressof(target._batch), target.memory._mem,
+                                            target.n_vocab, target.n_embd, 3, (ctypes.c_uint32 * 3)(*self.target_layers))
         native, n_batch = self._fast.cycle, target.n_batch
 
         def cycle(tokens: Sequence[int], k: int, p_min: float):
             if target._seq_rows or not 0 < k < n_batch:
                 return None
-            if (self._fast_session is not session or self._fast_feats is not self._pend_buf
-                    or self._pend_rows > session.rows or k > session.drafts_cap):
-                self._session_buffers(session, self._pend_rows, k)
+            address = self._fast_ready(k)
             pending, pos0, clear = self._claim_pending(tokens)
             got = native(address, pending, tokens[-1], pos0, k, p_min, clear)
             target._epoch += 1
@@ -523,15 +517,31 @@ class EagleDrafter(Drafter):
 
         return cycle
 
-    def _session_buffers(self, session: "_fast.Session", n: int, k: int) -> None:
-        """Point a cycle's session at buffers for n pending rows and k drafts (grown as needed;
-        the pending rows' features are kept), and at this drafter's constant inputs."""
-        if len(self._pend_buf) <= k:  # room for the accepted rows' features, written at rows 0..k
+    def _fast_ready(self, k: int) -> int:
+        """The session's address, its buffers fit for the pending rows and k drafts."""
+        s = self._session
+        if self._fast_feats is not self._pend_buf or self._pend_rows > s.rows or k > s.drafts_cap or \
+                len(self._pend_buf) <= k:
+            self._session_buffers(self._pend_rows, k)
+        return self._session_addr
+
+    def _session_buffers(self, n: int, k: int) -> None:
+        """Point the session at buffers for n pending rows and k drafts (grown as needed; the
+        pending rows' features are kept; a cycle writes the accepted rows' at rows 0..k), and at
+        this drafter's constant inputs."""
+        if len(self._pend_buf) <= k:
             grown = np.empty((2 * k + 2, self._pend_buf.shape[1]), np.float32)
             grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
             self._pend_buf = grown
-        self._fast_buffers(max(n, k + 1), k)
-        ids = self._fast_ids
+        if k > len(self._fast_drafts):
+            self._fast_drafts = np.empty(max(k, 2 * len(self._fast_drafts)), np.int32)
+        n = max(n, k + 1)
+        if n > len(self._fast_rows):
+            self._fast_rows = np.empty(max(n, 2 * len(self._fast_rows)), np.int32)
+            self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
+            self._fast_scratch = np.empty((len(self._fast_rows), self._pend_buf.shape[1]), np.float32)
+        self._fast_feats = self._pend_buf  # ingest() may grow it into a new array: then this runs again
+        ids, s = self._fast_ids, self._session
         for name, value in (
                 ("api", ctypes.addressof(self._fast.api)), ("ctx", self.ctx), ("batch", self._batch),
                 ("mem", self.memory._mem), ("feats", self._pend_buf.ctypes.data), ("feats_rows", len(self._pend_buf)),
@@ -542,28 +552,7 @@ class EagleDrafter(Drafter):
                 ("n_ids", 0 if ids is None else len(ids)), ("n_vocab", self.n_vocab), ("n_embd", self.n_embd),
                 ("out_norm_w", self._ptr(self._fast_out_norm)), ("gbuf", self._fast_g.ctypes.data),
                 ("drafts", self._fast_drafts.ctypes.data), ("drafts_cap", len(self._fast_drafts))):
-            setattr(session, name, value)
-        self._fast_session = session  # the buffers it points to are this drafter's current ones
-
-    def _fast_buffers(self, n: int, k: int) -> None:
-        """(Re)allocate the fast path's buffers for n pending rows and k drafts, and keep the
-        call's constant arguments (pointers as ints) in one tuple: a cycle then converts no
-        numpy array to a pointer."""
-        if k > len(self._fast_drafts):
-            self._fast_drafts = np.empty(max(k, 2 * len(self._fast_drafts)), np.int32)
-        if n > len(self._fast_rows):
-            self._fast_rows = np.empty(max(n, 2 * len(self._fast_rows)), np.int32)
-            self._fast_gs = np.empty((len(self._fast_rows), self.n_embd), np.float32)
-            self._fast_scratch = np.empty((len(self._fast_rows), self._pend_buf.shape[1]), np.float32)
-        self._fast_feats = self._pend_buf  # grown by ingest() into a new array: then rebuilt here
-        self._fast_session = None  # a cycle session points at the old buffers: _session_buffers again
-        ids = self._fast_ids
-        self._fast_args = (
-            (self._fast.api_p, self.ctx, self._batch, self._pend_buf.ctypes.data),
-            (self._ptr(self._fast_fc_norm), self._eps, self._fast_scratch.ctypes.data, self.n_batch,
-             self._fast_gs.ctypes.data, self._fast_rows.ctypes.data, self._all_outputs_max),
-            (self._ptr(ids), 0 if ids is None else len(ids), self.n_vocab, self.n_embd, self._ptr(self._fast_out_norm),
-             self._fast_g.ctypes.data, self._fast_drafts.ctypes.data))
+            setattr(s, name, value)
 
     # --- trees -----------------------------------------------------------------------------
 

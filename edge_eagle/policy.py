@@ -20,6 +20,9 @@ from .proposal import Proposal
 PLAIN, CHAIN, TREE, LOOKUP = "plain", "chain", "tree", "lookup"
 
 
+_CHAINS: dict = {}  # draft length -> its Plan (Plan.of)
+
+
 @dataclass(frozen=True)
 class Plan:
     """One cycle's proposer: kind (plain, chain, tree or lookup) and size (drafts, or tree
@@ -33,7 +36,12 @@ class Plan:
     def of(cls, choice: "int | Plan") -> "Plan":
         if isinstance(choice, Plan):
             return choice
-        return cls(CHAIN, int(choice)) if choice > 0 else cls()
+        plan = _CHAINS.get(choice)  # plans are immutable: one per draft length serves every cycle
+        if plan is None:
+            plan = cls(CHAIN, int(choice)) if choice > 0 else cls()
+            if len(_CHAINS) < 256:
+                _CHAINS[choice] = plan
+        return plan
 
     @property
     def drafts(self) -> bool:

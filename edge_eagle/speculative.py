@@ -51,6 +51,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     choose = None if sampler.params.greedy else sampler.draft  # sampled drafts carry their q
     # greedy chains with the native fast path: draft, verify and ingest in one call per cycle
     fused = drafter.fused_cycle(target) if wants_features and choose is None else None
+    planner = getattr(policy, "plan", None)
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
@@ -73,7 +74,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
             stats.context_full = True
             return
         t_step = perf_counter()
-        plan = policy.plan(seq) if hasattr(policy, "plan") else Plan.of(policy.choose())
+        plan = planner(seq) if planner is not None else Plan.of(policy.choose())
         if plan.kind == TREE and not (getattr(drafter, "supports_trees", False) and target.tree_paths):
             plan = Plan(CHAIN, plan.n)  # a drafter or target without trees drafts the chain instead
         if wants_features:

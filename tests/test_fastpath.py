@@ -148,6 +148,14 @@ def test_every_argmax_version_equals_numpy(fast, force):
             rows[8] = 0.0
             rows[8, n // 3] = -0.0  # equal to 0.0: the first still wins
             assert np.array_equal(fast.argmax_rows(rows), rows.argmax(-1)), (lanes, n)
+            # over a draft vocabulary (ascending ids; every other entry -inf, as llama.cpp writes it)
+            ids = np.flatnonzero(rng.random(n) < 0.3)
+            if not len(ids):
+                continue
+            masked = np.full_like(rows, -np.inf)
+            masked[:, ids] = rows[:, ids]
+            masked[3, ids[len(ids) // 2:]] = np.nan  # a NaN among the ids: the first one
+            assert np.array_equal(fast.argmax_rows(masked, ids), masked.argmax(-1)), (lanes, n, "ids")
     finally:
         fast.argmax_lanes(0)
 
@@ -171,6 +179,7 @@ def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedul
     assert type(fast.cycle).__name__ == "builtin_function_or_method"  # setup.py builds the CPython one
     if entry == "ctypes":
         monkeypatch.setattr(fast, "cycle", fast.ctypes_cycle)
+        monkeypatch.setattr(fast, "propose", fast.ctypes_propose)
     native = EagleDrafter.fused_cycle
     calls = {"fused": 0, "accepted": 0}
 
