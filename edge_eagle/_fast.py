@@ -1,5 +1,7 @@
-"""The optional native fast path (edge_eagle/_fastpath.c): the drafter's per-row llama.cpp
-calls, host norms and argmax in C, handed llama.cpp's entry points as function pointers.
+"""The optional native fast path (edge_eagle/_fastpath.c): greedy draft chains and whole greedy
+cycles (draft, the target's verify, greedy verification, KV cut, features) in C, handed
+llama.cpp's entry points as function pointers. The drafter's buffers are described to it once,
+in a Session; each call then passes a few ints.
 
 setup.py builds it as an optional extension; without a C compiler the install still works and
 everything runs the Python path, which drafts the same tokens (tests/test_fastpath.py).

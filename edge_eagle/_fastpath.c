@@ -1,5 +1,8 @@
-/* edge-eagle's native fast path: the drafter's per-row llama.cpp calls, host norms and argmax
- * in C, so a drafting cycle costs a few ctypes calls instead of dozens.
+/* edge-eagle's native fast path: the speculative loop's per-cycle work in C. One call drafts a
+ * greedy chain (the drafter's encoder and decoder batches, host norms, argmax over the draft
+ * vocabulary) or runs a whole greedy cycle (that chain, the target's verify batch, greedy
+ * verification, the KV cut and the accepted rows' captured features); the Python loop around it
+ * keeps the policy, the stats and everything that is not a greedy chain.
  *
  * It links against nothing: the llama.cpp entry points come in as function pointers (ee_api,
  * filled from llama-cpp-python's own ctypes symbols by edge_eagle/_fast.py), so it builds with
@@ -8,10 +11,11 @@
  * as ggml does), so both paths draft the same tokens; tests/test_fastpath.py checks that.
  *
  * It is built as an optional extension module (setup.py) and loaded with ctypes. With
- * EE_WITH_PYTHON (setup.py defines it) the whole greedy cycle (ee_session) is also a CPython
- * function, `cycle`, imported: a ctypes call and its conversions cost more, with the caches
- * that llama.cpp's kernels leave behind, than the rest of the cycle's host work. Without
- * Python's headers, ee_cycle through ctypes does the same (edge_eagle/_fast.py picks).
+ * EE_WITH_PYTHON (setup.py defines it) the chain and the cycle (on an ee_session) are also
+ * CPython functions, `propose` and `cycle`, imported: a ctypes call and its conversions cost
+ * more, with the caches that llama.cpp's kernels leave behind, than the rest of the cycle's host
+ * work. Without Python's headers, ee_propose and ee_cycle through ctypes do the same
+ * (edge_eagle/_fast.py picks).
  */
 
 #ifdef EE_WITH_PYTHON
