@@ -236,6 +236,7 @@ class EagleDrafter(Drafter):
         self._fast_feats: np.ndarray | None = None  # the _pend_buf that the session points into
         self._session = _fast.Session()  # the library's view of these buffers (see _session_buffers)
         self._session_addr = ctypes.addressof(self._session)
+        self._fast_kmax = self._fast_nmax = 0  # the most drafts and pending rows the session's buffers hold
 
     @staticmethod
     def _ptr(a: np.ndarray | None) -> int | None:
@@ -492,12 +493,12 @@ class EagleDrafter(Drafter):
             return None
         self._session.target = _fast.Target(target.ctx, ctypes.addressof(target._batch), target.memory._mem,
                                             target.n_vocab, target.n_embd, 3, (ctypes.c_uint32 * 3)(*self.target_layers))
-        native, n_batch = self._fast.cycle, target.n_batch
+        native, n_batch, address = self._fast.cycle, target.n_batch, self._session_addr
 
         def cycle(tokens: Sequence[int], k: int, p_min: float):
             if target._seq_rows or not 0 < k < n_batch:
                 return None
-            address = self._fast_ready(k)
+            self._fast_ready(k)
             pending, pos0, clear = self._claim_pending(tokens)
             got = native(address, pending, tokens[-1], pos0, k, p_min, clear)
             target._epoch += 1
@@ -519,9 +520,7 @@ class EagleDrafter(Drafter):
 
     def _fast_ready(self, k: int) -> int:
         """The session's address, its buffers fit for the pending rows and k drafts."""
-        s = self._session
-        if self._fast_feats is not self._pend_buf or self._pend_rows > s.rows or k > s.drafts_cap or \
-                len(self._pend_buf) <= k:
+        if self._fast_feats is not self._pend_buf or k > self._fast_kmax or self._pend_rows > self._fast_nmax:
             self._session_buffers(self._pend_rows, k)
         return self._session_addr
 
@@ -553,6 +552,8 @@ class EagleDrafter(Drafter):
                 ("out_norm_w", self._ptr(self._fast_out_norm)), ("gbuf", self._fast_g.ctypes.data),
                 ("drafts", self._fast_drafts.ctypes.data), ("drafts_cap", len(self._fast_drafts))):
             setattr(s, name, value)
+        # what the session's buffers hold: drafts (and accepted rows' features, rows 0..k), pending rows
+        self._fast_kmax, self._fast_nmax = min(len(self._fast_drafts), len(self._pend_buf) - 1), len(self._fast_rows)
 
     # --- trees -----------------------------------------------------------------------------
 

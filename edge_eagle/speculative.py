@@ -136,7 +136,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
 
         stats.t_verify += t_ingest - t_verify
         stats.t_draft += (t_verify - t_step) + (t_end - t_ingest)
-        stats.record_step(n_drafted, n_acc, kind=plan.kind if n_drafted else PLAIN, depth=depth, ranks=ranks)
+        stats.record_step(n_drafted, n_acc, plan.kind if n_drafted else PLAIN, depth, ranks)
         policy.update(n_drafted, n_acc, n_drafted + 1, t_ingest - t_verify, t_verify - t_step)
         new = [*accepted, bonus]
         seq += new

@@ -50,13 +50,14 @@ class SpecStats:
         if kind == "tree":
             self.tree_nodes += n_drafted
             self.tree_depths += reach
-        while len(self.drafted_at) < reach:
-            self.drafted_at.append(0)
-            self.accepted_at.append(0)
+        drafted_at, accepted_at = self.drafted_at, self.accepted_at
+        while len(drafted_at) < reach:
+            drafted_at.append(0)
+            accepted_at.append(0)
         for i in range(reach):
-            self.drafted_at[i] += 1
-            if i < n_accepted:
-                self.accepted_at[i] += 1
+            drafted_at[i] += 1
+        for i in range(min(n_accepted, reach)):
+            accepted_at[i] += 1
         for d, r in enumerate(ranks or ()):
             while len(self.accepted_rank_at) <= d:
                 self.accepted_rank_at.append([])
