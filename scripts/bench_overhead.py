@@ -3,7 +3,8 @@
 outside llama.cpp's compute calls (Python, ctypes batch building, copies, argmax, the
 EAGLE-3.1 host norms, bookkeeping).
 
-    python scripts/bench_overhead.py [--drafter PATH] [--k 1 3 5] [--rounds 3] [--tau T] [--json]
+    python scripts/bench_overhead.py [--target PATH] [--drafter PATH] [--gpu-layers N] [--k 1 3 5] [--rounds 3]
+                                     [--fastpath off|on|both] [--tau T] [--json]
 
 It times every llama_decode / llama_process call (the native compute, including those the
 native fast path makes, which it times itself), the output getters and KV edits beyond a plain ctypes call
@@ -14,7 +15,7 @@ the whole generation loop (SpecStats.t_total, which excludes the consumer); over
 native, reported in microseconds per cycle and as a share. --fastpath off|on|both runs the
 loop without / with the native fast path (edge_eagle/_fastpath.c), interleaved. The --json output has a top-level
 `overhead_us_per_cycle` keyed by k (medians). The projection carries the measured overhead
-into the cost model for memory-bound hardware at target step times of 2, 8 and 30 ms. Without --drafter it writes an untrained SmolLM2-sized EAGLE-3.1 drafter
+into the cost model for memory-bound hardware at target step times of 2, 8 and 30 ms. Without --drafter it writes an untrained EAGLE-3.1 drafter sized for the target
 (the trainer's initialisation; p_min 0, so every cycle runs the full k-step chain). Prompts run
 interleaved over rounds; medians and spread are reported.
 """
@@ -80,8 +81,8 @@ GETTERS = [(C, "llama_get_logits"), (C, "llama_get_logits_ith"), (B, "llama_get_
            (C, "llama_memory_seq_cp"), (C, "llama_memory_clear")]
 
 
-def random_drafter(out_dir: Path) -> Path:
-    """An untrained SmolLM2-sized EAGLE-3.1 drafter: the trainer's initialisation, converted."""
+def random_drafter(out_dir: Path, target_path: str | Path) -> Path:
+    """An untrained EAGLE-3.1 drafter sized for the target: the trainer's initialisation, converted."""
     import numpy as np
 
     from edge_eagle.converters import convert
@@ -89,12 +90,12 @@ def random_drafter(out_dir: Path) -> Path:
     from edge_eagle.train import TrainOptions, save_checkpoint
     from edge_eagle.train.pipeline import init_model
 
-    target = read_gguf(default_target())
+    target = read_gguf(target_path)
     n = int(target.get("{arch}.block_count"))
     model = init_model(target, (2, n // 2, n - 3), np.arange(8192, dtype=np.int64),
                        TrainOptions(draft_vocab=8192, seed=11))
     save_checkpoint(model, out_dir / "ckpt", target, {})
-    return convert(out_dir / "ckpt", default_target(), out_dir / "random-eagle31.gguf", outtype="f16",
+    return convert(out_dir / "ckpt", target_path, out_dir / "random-eagle31.gguf", outtype="f16",
                    log=lambda m: None).output
 
 
@@ -108,7 +109,9 @@ def project(tau: float, k: int, d: float, overhead_us: float, step_ms: float) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--drafter", help="eagle3 GGUF (default: an untrained SmolLM2-sized EAGLE-3.1 drafter)")
+    ap.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--drafter", help="eagle3 GGUF (default: an untrained EAGLE-3.1 drafter sized for the target)")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU, both models (-1: all)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 3, 5])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=96, help="tokens per generation")
@@ -134,11 +137,13 @@ def main() -> int:
     runs: dict[tuple[int, bool], dict[str, list[float]]] = {
         key: {"share": [], "us": [], "sync_us": [], "cycle_ms": [], "d": []} for key in keys}
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = args.drafter or random_drafter(Path(tmp))
+        target = args.target or default_target()
+        drafter = args.drafter or random_drafter(Path(tmp), target)
         engines = {}
         for fast in modes:  # one engine per mode, both loaded before any timing
             os.environ["EDGE_EAGLE_FASTPATH"] = "1" if fast else "0"
-            engines[fast] = EdgeEagle(None, drafter, k=args.k[0], n_ctx=2048, n_threads=args.threads)
+            engines[fast] = EdgeEagle(target, drafter, k=args.k[0], n_ctx=2048, n_threads=args.threads,
+                                      n_gpu_layers=args.gpu_layers)
             engines[fast].chat([{"role": "user", "content": "warm up"}], max_tokens=8).result()
         if True in engines and engines[True].drafter._fast is None:
             sys.exit("The fast-path engine did not load the native fast path; check `pip install -e .`.")
@@ -172,7 +177,8 @@ def main() -> int:
                 ee.close()
     per_mode = {fast: summarise(runs, args, fast) for fast in modes}
     main_mode = modes[-1]
-    result = {"cpu": cpu_name(), "drafter": str(drafter if args.drafter else "untrained SmolLM2-sized EAGLE-3.1"),
+    result = {"cpu": cpu_name(), "gpu_layers": args.gpu_layers, "target": os.path.basename(target),
+              "drafter": str(drafter if args.drafter else "untrained EAGLE-3.1 sized for the target"),
               "runs_per_k": len(runs[keys[0]]["us"]), "fastpath": main_mode, "ctypes_call_us": round(1e6 * _floor[0], 3),
               "overhead_us_per_cycle": {k: v["overhead_us_per_cycle"]["median"] for k, v in per_mode[main_mode].items()},
               "per_k": per_mode[main_mode]}
@@ -193,7 +199,7 @@ def main() -> int:
                       f"{sh['median']:.2%} of a {v['cycle_ms']['median']:.1f} ms cycle (getters' sync "
                       f"{v['sync_us']['median']:.0f} us, counted native); projected on memory-bound hardware at tau "
                       f"{v['projected_memory_bound_speedup']['2ms']['tau']:.1f} per target step {proj}")
-        print(f"({result['cpu']}, {result['runs_per_k']} runs per k and path, interleaved)")
+        print(f"({result['cpu']}, gpu layers {args.gpu_layers}, {result['runs_per_k']} runs per k and path, interleaved)")
     return 0
 
 

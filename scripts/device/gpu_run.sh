@@ -19,6 +19,7 @@
 #   build   ~3-5 min  cmake: GGML_CUDA, CMAKE_CUDA_ARCHITECTURES=90, targets llama and
 #                   llama-speculative-simple only, -j $(nproc); installed into the source tree
 #   bench   ~2 min  MT-bench subset (every 4th question, 20), 96 tokens, greedy, all layers on GPU
+#   overhead ~40 s  scripts/bench_overhead.py, k = 1, 3, 5, fast path against Python path (in phases.json)
 #   train   rest    extraction on the GPU (16 answers at once), training with --device cuda,
 #                   the largest token budget that fits, then eval on the same MT-bench subset
 #
@@ -142,6 +143,30 @@ if [ "$(left)" -gt 150 ] || [ $DRY = 1 ]; then
     log "bench done"
 else
     phase bench skipped 0 "{\"left_s\": $(left)}"
+fi
+
+# --- host overhead ----------------------------------------------------------------------
+# scripts/bench_overhead.py on the GPU: the loop's host time per cycle, native fast path against
+# the Python path (interleaved), where llama.cpp's kernels no longer evict the host's caches
+t=$(date +%s)
+if [ $DRY = 1 ]; then
+    OVER=(--rounds 1 -n 12 --k 1 5 --gpu-layers 0)
+else
+    OVER=(--rounds 3 -n 48 --k 1 3 5 --gpu-layers -1)
+fi
+if [ "$(left)" -gt 240 ] || [ $DRY = 1 ]; then
+    if "$PY" "$REPO/scripts/bench_overhead.py" --target "$GGUF" "${OVER[@]}" --fastpath both --json \
+            > "$WORK/overhead.json" 2>> "$LOG"; then
+        SUMMARY=$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps({
+            "us_per_cycle": d["overhead_us_per_cycle"], "python_path_us": d["python_path"]["overhead_us_per_cycle"],
+            "cycle_ms": {k: v["cycle_ms"]["median"] for k, v in d["per_k"].items()}}))' "$WORK/overhead.json")
+        phase overhead ok $(( $(date +%s) - t )) "$SUMMARY"
+    else
+        phase overhead failed $(( $(date +%s) - t )); log "overhead bench failed"
+    fi
+    log "overhead done"
+else
+    phase overhead skipped 0 "{\"left_s\": $(left)}"
 fi
 
 # --- train ------------------------------------------------------------------------------
