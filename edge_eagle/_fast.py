@@ -22,6 +22,7 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
+from .errors import MissingSymbolError
 
 ABI_VERSION = 4
 _i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
@@ -103,7 +104,6 @@ class FastPath:
             int(C.LLAMA_PROCESS_TYPE_DECODE), 0, 0.0)
         self.api_p = ctypes.pointer(self.api)
         self.encode, self.decode_rows = lib.ee_encode, lib.ee_decode_rows
-        self._out, self._secs = (_i32 * 3)(), (ctypes.c_double * 3)()
         try:  # a proposal and a whole greedy cycle as CPython functions of the same library (_fastpath.c)
             module = importlib.import_module(f"{__package__}._fastpath")
             self.propose, self.cycle = module.propose, module.cycle
@@ -132,11 +132,12 @@ class FastPath:
     def ctypes_cycle(self, address: int, pending: list[int], last: int, pos0: int, k: int, p_min: float,
                      clear: bool) -> tuple | int:
         s = self._session_tokens(address, pending, last, k)
-        rc = self.lib.ee_cycle(address, len(pending) + 1, pos0, k, p_min, last, int(clear), self._out, self._secs)
+        out, secs = (_i32 * 3)(), (ctypes.c_double * 3)()  # per call: engines may run in several threads
+        rc = self.lib.ee_cycle(address, len(pending) + 1, pos0, k, p_min, last, int(clear), out, secs)
         if rc != 0:
             return rc
-        got, acc, bonus = self._out
-        return (got, (_i32 * acc).from_address(s.drafts)[:] if acc else [], bonus, *self._secs)
+        got, acc, bonus = out
+        return (got, (_i32 * acc).from_address(s.drafts)[:] if acc else [], bonus, *secs)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         """The C RMSNorm over the last axis (for the parity test against eagle.rms_norm)."""
@@ -173,7 +174,8 @@ def _load() -> FastPath | None:
         return None
     try:
         return FastPath(path)
-    except (OSError, ImportError, AttributeError):  # a stale or foreign build: the Python path still works
+    except (OSError, ImportError, AttributeError, MissingSymbolError):  # a stale or foreign build, or another
+        # llama-cpp-python: the Python path still works (and says what it lacks, if it needs it)
         return None
 
 

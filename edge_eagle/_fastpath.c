@@ -559,19 +559,19 @@ static ee_session *parse(PyObject *const *args, Py_ssize_t nargs, int32_t *n, lo
         return NULL;
     }
     ee_session *s = (ee_session *)PyLong_AsVoidPtr(args[0]);
+    if (!s && PyErr_Occurred()) return NULL;
+    if ((*last = PyLong_AsLong(args[2])) == -1 && PyErr_Occurred()) return NULL;
+    if ((*pos0 = PyLong_AsLong(args[3])) == -1 && PyErr_Occurred()) return NULL;
+    if ((*k = PyLong_AsLong(args[4])) == -1 && PyErr_Occurred()) return NULL;
+    if ((*p_min = PyFloat_AsDouble(args[5])) == -1.0 && PyErr_Occurred()) return NULL;
+    if ((*clear_kv = PyObject_IsTrue(args[6])) < 0) return NULL;
     const Py_ssize_t n_pend = PyList_GET_SIZE(args[1]);
-    *last = PyLong_AsLong(args[2]);
-    *pos0 = PyLong_AsLong(args[3]);
-    *k = PyLong_AsLong(args[4]);
-    *p_min = PyFloat_AsDouble(args[5]);
-    *clear_kv = PyObject_IsTrue(args[6]);
-    if (PyErr_Occurred()) return NULL;
     if (!s || n_pend + 1 > s->rows || n_pend + 1 > s->feats_rows || *k < 1 || *k > s->drafts_cap ||
         *k >= s->feats_rows) {
         PyErr_SetString(PyExc_ValueError, "the session's buffers are too small for these rows or k");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < n_pend; i++) {
+    for (Py_ssize_t i = 0; i < n_pend; i++) { /* the list holds ints: converting them runs no Python code */
         const long v = PyLong_AsLong(PyList_GET_ITEM(args[1], i));
         if (v == -1 && PyErr_Occurred()) return NULL;
         s->tokens[i] = (int32_t)v;

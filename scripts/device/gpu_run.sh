@@ -89,8 +89,9 @@ EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'
 PYINC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 if [ ! -f "$REPO/edge_eagle/_fastpath$EXT" ]; then
     # with Python's headers the cycle is a CPython function; without, ctypes calls ee_cycle
-    WITHPY=$([ -f "$PYINC/Python.h" ] && echo "-DEE_WITH_PYTHON -I$PYINC")
-    ${CC:-cc} -O2 -std=c99 -shared -fPIC $WITHPY "$REPO/edge_eagle/_fastpath.c" -o "$REPO/edge_eagle/_fastpath$EXT" -lm >> "$LOG" 2>&1 \
+    WITHPY=()
+    if [ -f "$PYINC/Python.h" ]; then WITHPY=(-DEE_WITH_PYTHON "-I$PYINC"); fi
+    ${CC:-cc} -O2 -std=c99 -shared -fPIC ${WITHPY[@]+"${WITHPY[@]}"} "$REPO/edge_eagle/_fastpath.c" -o "$REPO/edge_eagle/_fastpath$EXT" -lm >> "$LOG" 2>&1 \
         && log "built the native fast path" || log "no native fast path (cc failed, see run.log): the Python path runs"
 fi
 phase setup ok $(( $(date +%s) - t ))
