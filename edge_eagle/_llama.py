@@ -173,6 +173,14 @@ class Memory:
         C.llama_memory_clear(self._mem, True)
         self.tokens.clear()
 
+    def extend_at(self, pos: int, tokens: Sequence[int]) -> None:
+        """Sequence 0 now also holds `tokens` at positions pos..: they join `tokens` when they
+        continue it; otherwise what it holds is no longer known token by token."""
+        if len(self.tokens) == pos:
+            self.tokens.extend(tokens)
+        else:
+            self.tokens.clear()
+
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Add sequence dst to the cells of src at positions [p0, p1) (-1: open end); in a
         unified KV cache the cells are shared, nothing is copied."""

@@ -292,12 +292,16 @@ class EagleDrafter(Drafter):
         # the token at pos0 completes the previous pending row, if one waits for it
         self._pend_tokens.extend(int(t) for t in (tokens if self._pend_rows else tokens[1:]))
         end = self._pend_rows + len(features)
-        if end > len(self._pend_buf):
-            grown = np.empty((max(end, 2 * len(self._pend_buf)), self._pend_buf.shape[1]), np.float32)
-            grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
-            self._pend_buf = grown
+        self._pending_room(end)
         self._pend_buf[self._pend_rows:end] = features
         self._pend_rows = end
+
+    def _pending_room(self, rows: int) -> None:
+        """Grow the pending rows' buffer to hold at least `rows` rows, keeping the pending ones."""
+        if rows > len(self._pend_buf):
+            grown = np.empty((max(rows, 2 * len(self._pend_buf)), self._pend_buf.shape[1]), np.float32)
+            grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
+            self._pend_buf = grown
 
     # --- llama.cpp calls -----------------------------------------------------------------
 
@@ -507,12 +511,7 @@ class EagleDrafter(Drafter):
                                      "start a new chat.")
             accepted = got[1]
             n_past = pos0 + len(pending) + 1
-            held = target.memory.tokens  # what Target.decode and remove_from would have kept
-            if len(held) == n_past:
-                held.append(tokens[-1])
-                held += accepted
-            else:
-                held.clear()
+            target.memory.extend_at(n_past, [tokens[-1], *accepted])  # as Target.decode and remove_from leave it
             self._pend_tokens, self._pend_pos0, self._pend_rows = accepted, n_past, len(accepted) + 1
             return got
 
@@ -528,10 +527,7 @@ class EagleDrafter(Drafter):
         """Point the session at buffers for n pending rows and k drafts (grown as needed; the
         pending rows' features are kept; a cycle writes the accepted rows' at rows 0..k), and at
         this drafter's constant inputs."""
-        if len(self._pend_buf) <= k:
-            grown = np.empty((2 * k + 2, self._pend_buf.shape[1]), np.float32)
-            grown[: self._pend_rows] = self._pend_buf[: self._pend_rows]
-            self._pend_buf = grown
+        self._pending_room(k + 1)
         if k > len(self._fast_drafts):
             self._fast_drafts = np.empty(max(k, 2 * len(self._fast_drafts)), np.int32)
         n = max(n, k + 1)

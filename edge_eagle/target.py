@@ -204,11 +204,7 @@ class Target:
         self._out[n - 1] = 1
         res = self._run(n, n if logits == "all" else 1)
         if seq == 0:
-            held = self.memory.tokens
-            if len(held) == pos0:
-                held.extend(tokens)
-            else:  # not a continuation: what sequence 0 holds is no longer known token by token
-                held.clear()
+            self.memory.extend_at(pos0, tokens)
         return res
 
     def _run(self, n: int, n_out: int) -> DecodeResult:
@@ -292,11 +288,7 @@ class Target:
         self.memory.copy_seq(seq, 0, pos0, pos0 + len(path) + 1)
         for j in range(1, self._n_paths + 1):
             self.memory.remove_seq(j)
-        held = self.memory.tokens
-        if len(held) == pos0:
-            held.extend([int(root), *(int(tokens[i]) for i in path)])
-        else:
-            held.clear()
+        self.memory.extend_at(pos0, [int(root), *(int(tokens[i]) for i in path)])
 
     def prefill(self, tokens: Sequence[int], pos0: int = 0, seq: int = 0) -> DecodeResult:
         """Decode a long prompt in n_batch chunks; logits of the last token, features of all."""
