@@ -96,21 +96,27 @@ static double now_s(void) {
 #endif
 }
 
+/* NATIVE(api, statement): run a statement that calls into llama.cpp (a compute call, an output
+ * getter, which synchronises with the backend, or a KV edit), adding its seconds to
+ * api->native_s when api->timing is set */
+#define NATIVE(api, statement)                                 \
+    do {                                                       \
+        const double native_t0_ = (api)->timing ? now_s() : 0.0; \
+        statement;                                             \
+        if ((api)->timing) (api)->native_s += now_s() - native_t0_; \
+    } while (0)
+
 /* llama_process, timed when api->timing is set */
 static int32_t process(ee_api *api, void *ctx, int32_t type, void *batch) {
-    if (!api->timing) return api->process(ctx, type, batch);
-    const double t0 = now_s();
-    const int32_t rc = api->process(ctx, type, batch);
-    api->native_s += now_s() - t0;
+    int32_t rc;
+    NATIVE(api, rc = api->process(ctx, type, batch));
     return rc;
 }
 
-/* an output getter (it synchronises with the backend), timed when api->timing is set */
+/* an output getter, timed when api->timing is set */
 static const float *get_ith(ee_api *api, float *(*fn)(void *, int32_t), void *ctx, int32_t i) {
-    if (!api->timing) return fn(ctx, i);
-    const double t0 = now_s();
-    const float *p = fn(ctx, i);
-    api->native_s += now_s() - t0;
+    const float *p;
+    NATIVE(api, p = fn(ctx, i));
     return p;
 }
 
@@ -353,9 +359,8 @@ EE_API int32_t ee_encode(ee_api *api, void *ctx, void *batch, const float *feats
         }
         const int32_t rc = process(api, ctx, api->encode_type, batch);
         if (rc != 0) return rc;
-        const double t0 = api->timing ? now_s() : 0.0;
-        const float *g = api->get_embd_nextn(ctx);
-        if (api->timing) api->native_s += now_s() - t0;
+        const float *g;
+        NATIVE(api, g = api->get_embd_nextn(ctx));
         if (!g) return -200;
         memcpy(out + (size_t)lo * n_embd, g, sizeof(float) * (size_t)(hi - lo) * n_embd);
     }
@@ -440,10 +445,8 @@ static int32_t chain(ee_session *s, const float *logits, const float *h, int32_t
  * the chain from the last row. Returns the number of drafts, or a negative code. */
 static int32_t propose(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_min, int32_t clear_kv) {
     ee_api *api = s->api;
-    const double t0 = api->timing ? now_s() : 0.0;
-    if (clear_kv) api->memory_clear(s->mem, true);
-    else api->memory_seq_rm(s->mem, 0, pos0, -1);
-    if (api->timing) api->native_s += now_s() - t0;
+    if (clear_kv) NATIVE(api, api->memory_clear(s->mem, true));
+    else NATIVE(api, api->memory_seq_rm(s->mem, 0, pos0, -1));
     int32_t rc = ee_encode(api, s->ctx, s->batch, s->feats, n, s->width, pos0, s->fc_norm_w, s->eps, s->scratch,
                            s->n_batch, s->g, s->n_embd);
     if (rc != 0) return -3000 - (rc < 0 ? -rc : rc);
@@ -500,10 +503,9 @@ static int32_t cycle(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_
         b->logits[i] = 1;
     }
     b->n_tokens = got + 1;
-    double tn = api->timing ? now_s() : 0.0;
-    const int32_t rc = api->decode(t->ctx, *b);
-    const float *logits = rc == 0 ? api->get_logits(t->ctx) : NULL;
-    if (api->timing) api->native_s += now_s() - tn;
+    int32_t rc;
+    const float *logits;
+    NATIVE(api, rc = api->decode(t->ctx, *b); logits = rc == 0 ? api->get_logits(t->ctx) : NULL);
     if (rc != 0) return -4000 - (rc < 0 ? -rc : rc);
     if (!logits) return -5000;
     int32_t acc = 0, bonus;
@@ -512,16 +514,11 @@ static int32_t cycle(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_
         if (acc == got || bonus != s->drafts[acc]) break;
         acc++;
     }
-    if (acc < got) {
-        tn = api->timing ? now_s() : 0.0;
-        api->memory_seq_rm(t->mem, 0, n_past + acc + 1, -1);
-        if (api->timing) api->native_s += now_s() - tn;
-    }
+    if (acc < got) NATIVE(api, api->memory_seq_rm(t->mem, 0, n_past + acc + 1, -1));
     const double t2 = now_s();
     for (int32_t l = 0; l < t->n_layers; l++) {
-        tn = api->timing ? now_s() : 0.0;
-        const float *src = api->get_layer_inp(t->ctx, t->layers[l]);
-        if (api->timing) api->native_s += now_s() - tn;
+        const float *src;
+        NATIVE(api, src = api->get_layer_inp(t->ctx, t->layers[l]));
         if (!src) return -5000;
         for (int32_t r = 0; r <= acc; r++)
             memcpy(s->feats + (size_t)r * s->width + (size_t)l * t->n_embd, src + (size_t)r * t->n_embd,
@@ -550,35 +547,51 @@ EE_API int32_t ee_cycle(ee_session *s, int32_t n, int32_t pos0, int32_t k, float
 #ifdef EE_WITH_PYTHON
 /* The arguments both CPython functions take, (session, pending, last, pos0, k, p_min, clear_kv):
  * the session's address, the pending rows' tokens but the last row's (a list of ints), which is
- * `last`, then as for propose(). The tokens go to s->tokens; returns the session, or NULL with an
- * exception set. */
-static ee_session *parse(PyObject *const *args, Py_ssize_t nargs, int32_t *n, long *last, long *pos0, long *k,
-                         double *p_min, int *clear_kv) {
+ * `last`, then as for propose(). */
+typedef struct {
+    ee_session *s;
+    int32_t n; /* pending rows, the last one's included */
+    int32_t last;
+    int32_t pos0;
+    int32_t k;
+    float p_min;
+    int clear_kv;
+} call_args;
+
+/* Parse them into a, the tokens into s->tokens; 0, or -1 with an exception set. */
+static int parse(PyObject *const *args, Py_ssize_t nargs, call_args *a) {
     if (nargs != 7 || !PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "expected (session, pending: list, last, pos0, k, p_min, clear_kv)");
-        return NULL;
+        return -1;
     }
+    long v;
+    double p;
     ee_session *s = (ee_session *)PyLong_AsVoidPtr(args[0]);
-    if (!s && PyErr_Occurred()) return NULL;
-    if ((*last = PyLong_AsLong(args[2])) == -1 && PyErr_Occurred()) return NULL;
-    if ((*pos0 = PyLong_AsLong(args[3])) == -1 && PyErr_Occurred()) return NULL;
-    if ((*k = PyLong_AsLong(args[4])) == -1 && PyErr_Occurred()) return NULL;
-    if ((*p_min = PyFloat_AsDouble(args[5])) == -1.0 && PyErr_Occurred()) return NULL;
-    if ((*clear_kv = PyObject_IsTrue(args[6])) < 0) return NULL;
+    if (!s && PyErr_Occurred()) return -1;
+    if ((v = PyLong_AsLong(args[2])) == -1 && PyErr_Occurred()) return -1;
+    a->last = (int32_t)v;
+    if ((v = PyLong_AsLong(args[3])) == -1 && PyErr_Occurred()) return -1;
+    a->pos0 = (int32_t)v;
+    if ((v = PyLong_AsLong(args[4])) == -1 && PyErr_Occurred()) return -1;
+    const long k = v;
+    if ((p = PyFloat_AsDouble(args[5])) == -1.0 && PyErr_Occurred()) return -1;
+    a->p_min = (float)p;
+    if ((a->clear_kv = PyObject_IsTrue(args[6])) < 0) return -1;
     const Py_ssize_t n_pend = PyList_GET_SIZE(args[1]);
-    if (!s || n_pend + 1 > s->rows || n_pend + 1 > s->feats_rows || *k < 1 || *k > s->drafts_cap ||
-        *k >= s->feats_rows) {
+    if (!s || n_pend + 1 > s->rows || n_pend + 1 > s->feats_rows || k < 1 || k > s->drafts_cap ||
+        k >= s->feats_rows) {
         PyErr_SetString(PyExc_ValueError, "the session's buffers are too small for these rows or k");
-        return NULL;
+        return -1;
     }
     for (Py_ssize_t i = 0; i < n_pend; i++) { /* the list holds ints: converting them runs no Python code */
-        const long v = PyLong_AsLong(PyList_GET_ITEM(args[1], i));
-        if (v == -1 && PyErr_Occurred()) return NULL;
+        if ((v = PyLong_AsLong(PyList_GET_ITEM(args[1], i))) == -1 && PyErr_Occurred()) return -1;
         s->tokens[i] = (int32_t)v;
     }
-    s->tokens[n_pend] = (int32_t)*last;
-    *n = (int32_t)n_pend + 1;
-    return s;
+    s->tokens[n_pend] = a->last;
+    a->s = s;
+    a->n = (int32_t)n_pend + 1;
+    a->k = (int32_t)k;
+    return 0;
 }
 
 /* a new list of the first n drafts */
@@ -599,16 +612,13 @@ static PyObject *drafts_list(const ee_session *s, int32_t n) {
  * int (an error code). The GIL is released while llama.cpp computes. */
 static PyObject *py_propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    int32_t n, got;
-    long last, pos0, k;
-    double p_min;
-    int clear_kv;
-    ee_session *s = parse(args, nargs, &n, &last, &pos0, &k, &p_min, &clear_kv);
-    if (!s) return NULL;
+    call_args a;
+    if (parse(args, nargs, &a) != 0) return NULL;
+    int32_t got;
     Py_BEGIN_ALLOW_THREADS
-    got = propose(s, n, (int32_t)pos0, (int32_t)k, (float)p_min, clear_kv);
+    got = propose(a.s, a.n, a.pos0, a.k, a.p_min, a.clear_kv);
     Py_END_ALLOW_THREADS
-    return got < 0 ? PyLong_FromLong(got) : drafts_list(s, got);
+    return got < 0 ? PyLong_FromLong(got) : drafts_list(a.s, got);
 }
 
 /* cycle(session, pending, last, pos0, k, p_min, clear_kv) -> (drafted, accepted, bonus, draft_s,
@@ -616,19 +626,15 @@ static PyObject *py_propose(PyObject *self, PyObject *const *args, Py_ssize_t na
  * computes. */
 static PyObject *py_cycle(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    int32_t n, rc;
-    long last, pos0, k;
-    double p_min;
-    int clear_kv;
-    ee_session *s = parse(args, nargs, &n, &last, &pos0, &k, &p_min, &clear_kv);
-    if (!s) return NULL;
-    int32_t out[3] = {0, 0, 0};
+    call_args a;
+    if (parse(args, nargs, &a) != 0) return NULL;
+    int32_t out[3] = {0, 0, 0}, rc;
     double secs[3] = {0.0, 0.0, 0.0};
     Py_BEGIN_ALLOW_THREADS
-    rc = cycle(s, n, (int32_t)pos0, (int32_t)k, (float)p_min, (int32_t)last, clear_kv, out, secs);
+    rc = cycle(a.s, a.n, a.pos0, a.k, a.p_min, a.last, a.clear_kv, out, secs);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyLong_FromLong(rc);
-    PyObject *accepted = drafts_list(s, out[1]);
+    PyObject *accepted = drafts_list(a.s, out[1]);
     return accepted ? Py_BuildValue("(iNiddd)", out[0], accepted, out[2], secs[0], secs[1], secs[2]) : NULL;
 }
 
