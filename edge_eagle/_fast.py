@@ -22,9 +22,9 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
-from .errors import MissingSymbolError
+from .errors import LayoutMismatchError, LlamaCallError, MissingSymbolError
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 
 
@@ -55,6 +55,43 @@ class Session(ctypes.Structure):
                 ("drafts_cap", _i32), ("target", Target)]
 
 
+# the structs whose layouts the library reports (ee_layout), and the ctypes mirrors that must match
+def _mirrors() -> dict[str, type[ctypes.Structure]]:
+    return {"ee_api": Api, "ee_target": Target, "ee_session": Session, "llama_batch": C.llama_batch,
+            "llama_embd": C.llama_embd}
+
+
+def check_layouts(lib: Any) -> None:
+    """Raise LayoutMismatchError unless every struct shared with the library has the same size and
+    the same fields at the same offsets on both sides (llama.h's structs: as llama-cpp-python
+    mirrors them)."""
+    lib.ee_layout.argtypes = [ctypes.c_char_p, ctypes.POINTER(_i32), ctypes.POINTER(ctypes.c_char_p)]
+    lib.ee_layout.restype = ctypes.POINTER(ctypes.c_int64)
+    for name, mirror in _mirrors().items():
+        n, fields = _i32(0), ctypes.c_char_p()
+        table = lib.ee_layout(name.encode(), ctypes.byref(n), ctypes.byref(fields))
+        numbers = [int(table[i]) for i in range(n.value)] if table else []
+        names = (fields.value or b"").decode().rstrip(",").split(",")
+        native = (numbers[:1], dict(zip(names, numbers[1:])))
+        ours = ([ctypes.sizeof(mirror)], {f[0]: getattr(mirror, f[0]).offset for f in mirror._fields_})
+        if native != ours:
+            raise LayoutMismatchError(f"{name}: the library has size {native[0]} and offsets {native[1]}, "
+                                      f"Python {ours[0]} and {ours[1]}")
+
+
+# The library's error codes (_fastpath.c): a stage's base, minus llama.cpp's return code there.
+_STAGES = ((-5000, "target outputs"), (-4000, "target decode"), (-3000, "drafter encoder"),
+           (-2000, "drafter outputs"), (-1000, "drafter decode"))
+
+
+def call_error(code: int) -> LlamaCallError:
+    """The named error for a negative code from propose() or cycle()."""
+    for base, stage in _STAGES:
+        if code <= base:
+            return LlamaCallError(stage, base - code)
+    return LlamaCallError("drafter batch", code)
+
+
 def library_path() -> Path | None:
     here = Path(__file__).parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
@@ -76,6 +113,7 @@ class FastPath:
         lib.ee_abi_version.restype = _i32
         if lib.ee_abi_version() != ABI_VERSION:
             raise OSError(f"{path.name} has ABI {lib.ee_abi_version()}, not {ABI_VERSION}")
+        check_layouts(lib)
         P = ctypes.POINTER
         api_p = P(Api)
         lib.ee_encode.argtypes = [api_p, _vp, _vp, _vp, _i32, _i32, _i32, _vp, _f32, _vp, _i32, _vp, _i32]
@@ -167,16 +205,33 @@ def enabled() -> bool:
     return os.environ.get("EDGE_EAGLE_FASTPATH", "1") != "0"
 
 
+_why_not: list[str] = []  # why the library did not load, when it is built but unusable
+
+
 @functools.lru_cache(maxsize=1)
 def _load() -> FastPath | None:
     path = library_path()
     if path is None:
+        _why_not[:] = ["not built"]
         return None
     try:
         return FastPath(path)
-    except (OSError, ImportError, AttributeError, MissingSymbolError):  # a stale or foreign build, or another
-        # llama-cpp-python: the Python path still works (and says what it lacks, if it needs it)
+    except (OSError, ImportError, AttributeError, MissingSymbolError, LayoutMismatchError) as exc:
+        # a stale or foreign build, or another llama-cpp-python: the Python path still works
+        # (and says what it lacks, if it needs it)
+        _why_not[:] = [f"{type(exc).__name__}: {exc}"]
         return None
+
+
+def status() -> str:
+    """One line for `inspect --system`: whether the fast path runs, and if not, why."""
+    if not enabled():
+        return "off (EDGE_EAGLE_FASTPATH=0)"
+    lib = _load()
+    if lib is None:
+        return "unavailable: " + (_why_not[0] if _why_not else "unknown")
+    kind = "CPython functions" if lib.cycle != lib.ctypes_cycle else "ctypes entry points (built without Python's headers)"
+    return f"on ({kind}, argmax {lib.argmax_lanes()} lanes)"
 
 
 def load() -> FastPath | None:

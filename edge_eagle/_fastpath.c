@@ -43,7 +43,7 @@
 #define EE_API __attribute__((visibility("default")))
 #endif
 
-#define EE_ABI_VERSION 4
+#define EE_ABI_VERSION 5
 
 struct llama_embd { /* include/llama.h of llama.cpp as vendored by llama-cpp-python 0.3.36 */
     const float *data;
@@ -531,6 +531,55 @@ static int32_t cycle(ee_session *s, int32_t n, int32_t pos0, int32_t k, float p_
     secs[1] = t2 - t1;
     secs[2] = now_s() - t2;
     return 0;
+}
+
+/* The layouts Python mirrors with ctypes (edge_eagle/_fast.py checks them when it loads this
+ * library): each struct's size and its fields' names and offsets. The llama.h structs are
+ * checked against llama-cpp-python's own mirrors of them. One X-macro list per struct. */
+#define EE_FIELDS_API(X)                                                                                          \
+    X(ee_api, batch_clear) X(ee_api, batch_add_token) X(ee_api, batch_add_embd) X(ee_api, batch_set_embd_token)  \
+    X(ee_api, batch_set_output_logits) X(ee_api, batch_set_pos) X(ee_api, process) X(ee_api, get_logits_ith)    \
+    X(ee_api, get_embd_nextn) X(ee_api, get_embd_nextn_ith) X(ee_api, decode) X(ee_api, get_logits)            \
+    X(ee_api, get_layer_inp) X(ee_api, memory_seq_rm) X(ee_api, memory_clear) X(ee_api, encode_type)            \
+    X(ee_api, decode_type) X(ee_api, timing) X(ee_api, native_s)
+#define EE_FIELDS_TARGET(X)                                                                                       \
+    X(ee_target, ctx) X(ee_target, batch) X(ee_target, mem) X(ee_target, n_vocab) X(ee_target, n_embd)          \
+    X(ee_target, n_layers) X(ee_target, layers)
+#define EE_FIELDS_SESSION(X)                                                                                      \
+    X(ee_session, api) X(ee_session, ctx) X(ee_session, batch) X(ee_session, mem) X(ee_session, feats)          \
+    X(ee_session, feats_rows) X(ee_session, width) X(ee_session, fc_norm_w) X(ee_session, eps)                   \
+    X(ee_session, scratch) X(ee_session, n_batch) X(ee_session, g) X(ee_session, tokens) X(ee_session, rows)    \
+    X(ee_session, all_outputs_max) X(ee_session, ids) X(ee_session, n_ids) X(ee_session, n_vocab)               \
+    X(ee_session, n_embd) X(ee_session, out_norm_w) X(ee_session, gbuf) X(ee_session, drafts)                   \
+    X(ee_session, drafts_cap) X(ee_session, target)
+#define EE_FIELDS_BATCH(X)                                                                                        \
+    X(struct llama_batch, n_tokens) X(struct llama_batch, token) X(struct llama_batch, embd)                     \
+    X(struct llama_batch, pos) X(struct llama_batch, n_seq_id) X(struct llama_batch, seq_id)                     \
+    X(struct llama_batch, logits)
+#define EE_FIELDS_EMBD(X) X(struct llama_embd, data) X(struct llama_embd, n_rows) X(struct llama_embd, n_embd)
+
+#define EE_OFFSET(T, f) (int64_t) offsetof(T, f),
+#define EE_NAME(T, f) #f ","
+#define EE_LAYOUT(NAME, T, FIELDS)                                                \
+    if (strcmp(name, NAME) == 0) {                                                \
+        static const int64_t table[] = {(int64_t)sizeof(T), FIELDS(EE_OFFSET)};   \
+        *n = (int32_t)(sizeof(table) / sizeof(table[0]));                         \
+        *fields = FIELDS(EE_NAME);                                                \
+        return table;                                                             \
+    }
+
+/* The layout of struct `name` (ee_api, ee_target, ee_session, llama_batch, llama_embd): *n
+ * numbers, its size then each field's offset, the fields named in *fields (comma-terminated);
+ * NULL for an unknown name. */
+EE_API const int64_t *ee_layout(const char *name, int32_t *n, const char **fields) {
+    EE_LAYOUT("ee_api", ee_api, EE_FIELDS_API)
+    EE_LAYOUT("ee_target", ee_target, EE_FIELDS_TARGET)
+    EE_LAYOUT("ee_session", ee_session, EE_FIELDS_SESSION)
+    EE_LAYOUT("llama_batch", struct llama_batch, EE_FIELDS_BATCH)
+    EE_LAYOUT("llama_embd", struct llama_embd, EE_FIELDS_EMBD)
+    *n = 0;
+    *fields = "";
+    return NULL;
 }
 
 /* ctypes' entry points, for builds without Python's headers: the pending rows' tokens are in

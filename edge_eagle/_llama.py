@@ -1,4 +1,6 @@
-"""Thin helpers over llama-cpp-python's low-level API: logging, loading, KV memory."""
+"""Loading llama.cpp models and contexts through llama-cpp-python's low-level API: the backend and
+its log, model and context handles (counted, for leak checks), views of llama.cpp's output buffers,
+quantizing, and the weight-repacking switch. KV bookkeeping is kv.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import functools
 import os
 import re
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 from llama_cpp import llama_cpp as C
@@ -148,56 +150,6 @@ def float_view(ptr: Any, rows: int, cols: int) -> np.ndarray:
 
 def n_threads_default() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-class Memory:
-    """The KV memory of one context (sequence 0 unless told otherwise). `tokens` are the tokens
-    whose KV sequence 0 holds at positions 0.. (kept up to date by Target.decode), so a new
-    request can reuse the longest common prefix."""
-
-    def __init__(self, ctx: Any):
-        self._mem = C.llama_get_memory(ctx)
-        self.tokens: list[int] = []
-
-    def remove_from(self, pos: int, seq: int = 0) -> None:
-        C.llama_memory_seq_rm(self._mem, seq, pos, -1)
-        if seq == 0:
-            del self.tokens[pos:]
-
-    def remove_seq(self, seq: int) -> None:
-        C.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        if seq == 0:
-            self.tokens.clear()
-
-    def clear(self) -> None:
-        C.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
-
-    def extend_at(self, pos: int, tokens: Sequence[int]) -> None:
-        """Sequence 0 now also holds `tokens` at positions pos..: they join `tokens` when they
-        continue it; otherwise what it holds is no longer known token by token."""
-        if len(self.tokens) == pos:
-            self.tokens.extend(tokens)
-        else:
-            self.tokens.clear()
-
-    def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Add sequence dst to the cells of src at positions [p0, p1) (-1: open end); in a
-        unified KV cache the cells are shared, nothing is copied."""
-        C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading tokens of `tokens` sequence 0 already holds."""
-        return common_prefix(self.tokens, tokens)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def requantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str) -> None:

@@ -172,7 +172,7 @@ def _check_tree(tree: int | None, drafter: Drafter | None) -> int | None:
         return None
     if not isinstance(tree, int) or tree < 0:
         raise EdgeEagleError(f"tree must be a node budget of 1 or more, got {tree!r}; pass e.g. --tree 7.")
-    if not getattr(drafter, "supports_trees", False):
+    if drafter is None or not drafter.supports_trees:
         raise EdgeEagleError("Tree drafting needs an EAGLE drafter; pass --drafter default or an eagle3 GGUF.")
     return tree
 
@@ -289,7 +289,7 @@ class EdgeEagle:
         """The engine's k controller, its target batch costs c(n) measured on first use."""
         if self.controller is None:
             costs = CostModel(verify_s=measure_batch_costs(self.target, self.k_max + 1))
-            trees = getattr(self.drafter, "supports_trees", False)
+            trees = self.drafter is not None and self.drafter.supports_trees
             sizes = tuple(n for n in AUTO_TREE_SIZES if n <= self.target.tree_paths) if trees else ()
             self.controller = KController(k_max=self.k_max, costs=costs, lookup=NgramDrafter(),
                                           lookup_max=self.k_max, tree_sizes=sizes)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from .costs import CostModel, predicted_speedup
 from .drafter import NgramDrafter
-from .policy import CHAIN, LOOKUP, TREE, Plan
+from .policy import CHAIN, LOOKUP, TREE, DraftPolicy, Plan
 from .proposal import Proposal
 
 
@@ -76,7 +76,7 @@ class AcceptanceModel:
 
 
 @dataclass
-class KController:
+class KController(DraftPolicy):
     k_max: int = 8
     probe_every: int = 128  # plain cycles between probes; doubles after each rejected probe ...
     probe_max: int = 1024  # ... up to this, and falls back after an accepted one
@@ -98,8 +98,8 @@ class KController:
     tree_sizes: tuple[int, ...] = ()
     tree_alpha: float = 0.1
     _lookup_models: dict[int, AcceptanceModel] = field(default_factory=dict)
-    #: the last plan's lookup: (n, committed length, draft, the committed list it was made for)
-    _shadow: tuple[int, int, list[int], Sequence[int]] | None = None
+    #: the last plan's lookup in this request: (n, committed length, draft)
+    _shadow: tuple[int, int, list[int]] | None = None
     _tree_tokens: dict[int, float] = field(default_factory=dict)  # N -> EMA of tokens per tree cycle
     _tree_draft_s: dict[int, float] = field(default_factory=dict)  # N -> EMA of drafting seconds per tree
     _last: Plan = field(default_factory=Plan)
@@ -107,6 +107,9 @@ class KController:
     def __post_init__(self) -> None:
         if self.acceptance is None:
             self.acceptance = AcceptanceModel(self.k_max)
+
+    def begin(self) -> None:
+        self._shadow = None  # a lookup made for the last request's tokens says nothing of this one's
 
     def speedup(self, k: int) -> float:
         assert self.acceptance is not None
@@ -210,8 +213,8 @@ class KController:
     def plan(self, tokens: Sequence[int]) -> Plan:
         """This cycle's proposer, from the committed tokens: the best predicted of plain decoding,
         a chain (choose(), with its probes), a prompt-lookup draft and the tree budgets."""
-        if self._shadow is not None and self._shadow[3] is tokens:  # score the last cycle's lookup
-            n, length, draft, _ = self._shadow                        # against what it committed
+        if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
+            n, length, draft = self._shadow                               # against what it committed
             new = list(tokens[length:])
             seen = min(len(draft), len(new))
             hits = 0
@@ -227,7 +230,7 @@ class KController:
         if self.lookup is not None:
             n, draft = self.lookup.lookup(tokens, self.lookup_max)
             if draft:
-                self._shadow = (n, len(tokens), draft, tokens)
+                self._shadow = (n, len(tokens), draft)
                 m, s = self._best_lookup(n, len(draft))
                 if s > max(gain, 1.0 + self.margin):
                     best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s

@@ -1,18 +1,22 @@
 """The drafter interface the speculative loop depends on, and two simple drafters.
 
 A drafter sees the committed token sequence (and, if it wants them, the target's captured
-features) and proposes up to k next tokens as a Proposal. The EAGLE drafter lives in
-eagle.py; NoDrafter is plain decoding.
+features) and proposes up to k next tokens as a Proposal: a chain, or a tree where the drafter
+supports trees. The EAGLE drafter lives in eagle/; NoDrafter is plain decoding.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from .policy import TREE_DEPTH
 from .proposal import EMPTY, Proposal
+
+if TYPE_CHECKING:
+    from .target import Target
 
 
 class Drafter(ABC):
@@ -22,6 +26,8 @@ class Drafter(ABC):
     needs_features: bool = False
     #: the target layers whose inputs this drafter consumes
     target_layers: tuple[int, ...] = ()
+    #: whether propose_tree() works (and the target can verify trees)
+    supports_trees: bool = False
     name: str = "drafter"
 
     def reset(self) -> None:
@@ -52,10 +58,15 @@ class Drafter(ABC):
         loop samples, it passes choose(logits) -> (token, q); a drafter with a distribution
         picks each draft with it and returns the q's in the Proposal, others ignore it."""
 
-    def fused_cycle(self, target):
-        """A native function running a whole greedy chain cycle (draft, the target's verify,
-        greedy verification, ingest) for this target, or None: the loop then calls propose(),
-        the target and ingest() itself. EagleDrafter has one (see there)."""
+    def propose_tree(self, tokens: Sequence[int], n_nodes: int, depth: int = TREE_DEPTH) -> Proposal:
+        """A draft tree of at most n_nodes nodes and the given depth (supports_trees only)."""
+        raise NotImplementedError(f"{self.name} drafts chains only")
+
+    def native_cycle(self, target: "Target") -> Any:
+        """An object whose run(tokens, k, p_min) does a whole greedy chain cycle natively (draft,
+        the target's verify, greedy verification, ingest) and fits(k) says when it can, or None:
+        the loop then calls propose(), the target and ingest() itself (cycle.NativeCycle).
+        EagleDrafter has one (eagle/native.py)."""
         return None
 
     def close(self) -> None:

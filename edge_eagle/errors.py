@@ -23,3 +23,22 @@ class ContextOverflowError(EdgeEagleError):
 
 class MissingSymbolError(EdgeEagleError):
     """The installed llama-cpp-python lacks a llama.cpp symbol edge-eagle needs."""
+
+
+class InternalError(RuntimeError):
+    """A failure inside edge-eagle or llama.cpp that the user's input did not cause: a bug to
+    report, shown with its traceback (the CLI does not dress it up as a user error)."""
+
+
+class LlamaCallError(InternalError):
+    """A llama.cpp call of the drafter or of the native cycle failed: `stage` names the step
+    (e.g. "drafter decode"), `code` is llama.cpp's return code there (0: none, an output was
+    missing)."""
+
+    def __init__(self, stage: str, code: int):
+        super().__init__(f"llama.cpp failed at the {stage} step (return code {code})")
+        self.stage, self.code = stage, code
+
+
+class LayoutMismatchError(InternalError):
+    """The native library and its Python mirrors disagree on a struct's layout."""

@@ -1,23 +1,22 @@
 """Draft policies: what to propose this cycle.
 
-The loop calls every policy the same way, so it needs no per-policy guard:
-choose() before a cycle, update() after it, features_needed_soon() to decide whether the
-target's features (a few % per token to capture) must be captured now. choose() returns a
-draft length (a chain from the drafter; 0: plain decoding) or a Plan (a chain, a tree of N
-nodes, or a prompt-lookup draft). A policy with a plan(tokens) method is asked that instead,
-with the committed tokens (the adaptive controller looks them up). `Fixed(k)` always drafts
-a chain of k, `FixedTree(n)` a tree of n nodes; controller.KController picks per cycle from
-measured costs and acceptance.
+The loop calls every policy the same way (DraftPolicy): begin() when a request starts, plan()
+before each cycle with the committed tokens, update() after it with what the cycle did, and
+features_needed_soon() to decide whether the target's features (a few % per token to capture)
+must be captured now. A Plan is plain decoding, a chain of k drafts from the drafter, a tree of
+N nodes, or a ready prompt-lookup draft. `Fixed(k)` always drafts a chain of k, `FixedTree(n)` a
+tree of n nodes; controller.KController picks per cycle from measured costs and acceptance.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Sequence
 
 from .proposal import Proposal
 
 PLAIN, CHAIN, TREE, LOOKUP = "plain", "chain", "tree", "lookup"
+TREE_DEPTH = 6  # default depth limit of a draft tree
 
 
 _CHAINS: dict = {}  # draft length -> its Plan (Plan.of)
@@ -49,13 +48,23 @@ class Plan:
         return self.kind in (CHAIN, TREE) and self.n > 0
 
 
-@runtime_checkable
-class DraftPolicy(Protocol):
+class DraftPolicy:
+    """The interface the loop drives. A policy implements choose() (a draft length, or a Plan)
+    or, when it needs to see the committed tokens, plan()."""
+
     #: rows of context the drafter keeps while the policy decodes plainly (None: keep all)
-    idle_window: int | None
+    idle_window: int | None = None
+
+    def begin(self) -> None:
+        """A request starts: forget what belonged to the last one's token sequence."""
 
     def choose(self) -> "int | Plan":
         """The draft length of the next cycle (0: decode one token plainly), or a Plan."""
+        raise NotImplementedError
+
+    def plan(self, tokens: Sequence[int]) -> Plan:
+        """The next cycle's proposer, given the committed tokens (the whole sequence so far)."""
+        return Plan.of(self.choose())
 
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         """What the cycle did: drafts made and accepted, the verify batch's size and seconds,
@@ -63,9 +72,10 @@ class DraftPolicy(Protocol):
 
     def features_needed_soon(self) -> bool:
         """Whether a draft may come soon enough that the target's features must be captured now."""
+        return True
 
 
-class Fixed:
+class Fixed(DraftPolicy):
     """Always the same draft length."""
 
     idle_window = None
@@ -77,9 +87,6 @@ class Fixed:
 
     def choose(self) -> int:
         return self.k
-
-    def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
-        pass
 
     def features_needed_soon(self) -> bool:
         return self.k > 0

@@ -20,9 +20,10 @@ from llama_cpp import llama_cpp as C
 
 from . import _bindings as B
 from . import gguf_keys as K
-from ._llama import Memory, float_view, free_context, free_model, load_model, n_threads_default, new_context
+from ._llama import float_view, free_context, free_model, load_model, n_threads_default, new_context
 from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
+from .kv import Memory
 from .proposal import Proposal
 
 
@@ -126,6 +127,24 @@ class Target:
             self._batch.seq_id[i][0] = 0
         self.eos = int(C.llama_vocab_eos(self.vocab))
         self.chat_template: str | None = self.gguf.get(K.CHAT_TEMPLATE)
+
+    # --- for native code that decodes this target's batch itself (the drafter's fast cycle) ---
+
+    @property
+    def batch_address(self) -> int:
+        """The address of this target's llama_batch (n_batch rows), for native code that fills it."""
+        return ctypes.addressof(self._batch)
+
+    @property
+    def batch_is_plain(self) -> bool:
+        """Whether every row of the batch is in sequence 0 alone, as a chain verify needs (a tree
+        verify or decode_seqs() leaves other sequence ids behind until the next decode())."""
+        return not self._seq_rows
+
+    def outputs_replaced(self) -> None:
+        """A decode made outside this object replaced llama.cpp's output buffers: DecodeResults
+        read before it must not be read any more (they raise instead)."""
+        self._epoch += 1
 
     # --- capture -----------------------------------------------------------------------
 

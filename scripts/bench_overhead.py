@@ -145,7 +145,7 @@ def main() -> int:
             engines[fast] = EdgeEagle(target, drafter, k=args.k[0], n_ctx=2048, n_threads=args.threads,
                                       n_gpu_layers=args.gpu_layers)
             engines[fast].chat([{"role": "user", "content": "warm up"}], max_tokens=8).result()
-        if True in engines and engines[True].drafter._fast is None:
+        if True in engines and engines[True].drafter.native is None:
             sys.exit("The fast-path engine did not load the native fast path; check `pip install -e .`.")
         _floor[0] = calibrate_ctypes_call(engines[modes[0]].target.ctx)
         lib = _fast.load()

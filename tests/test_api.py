@@ -187,7 +187,9 @@ def test_the_loop_drives_any_draft_policy_through_one_protocol(engine):
     from edge_eagle.speculative import speculate
     from edge_eagle.stats import SpecStats
 
-    class Schedule:
+    from edge_eagle.policy import DraftPolicy
+
+    class Schedule(DraftPolicy):
         idle_window = None
 
         def __init__(self, ks):

@@ -58,7 +58,7 @@ def _drafter_runs(target: Target, path, monkeypatch, flag: str, k: int, p_min: f
     monkeypatch.setenv("EDGE_EAGLE_FASTPATH", flag)
     d = EagleDrafter(path, target)
     try:
-        assert (d._fast is not None) == (flag == "1")
+        assert (d.native is not None) == (flag == "1")
         out = []
         for prompt in PROMPTS[:3]:
             target.memory.clear()
@@ -101,7 +101,7 @@ def _generate(target, drafter, monkeypatch, flag: str, **kw) -> list:
     monkeypatch.setenv("EDGE_EAGLE_FASTPATH", flag)
     out = []
     with EdgeEagle(target, drafter, n_ctx=1024) as ee:
-        assert (ee.drafter._fast is not None) == (flag == "1")
+        assert (ee.drafter.native is not None) == (flag == "1")
         for prompt in PROMPTS[:3]:
             gen = ee.chat([{"role": "user", "content": prompt}], **kw).result()
             out.append((gen.text, gen.stats.accepted, gen.stats.drafted, gen.stats.verify_steps))
@@ -124,7 +124,7 @@ def test_shipped_drafter_on_smollm_is_the_same_on_both_paths(fast, smollm, monke
 
     monkeypatch.setenv("EDGE_EAGLE_FASTPATH", "1")
     with EdgeEagle(smollm, default_drafter(), n_ctx=256) as ee:
-        assert ee.drafter._fast_ids is not None  # its 8k draft vocabulary: the chain reads only those logits
+        assert ee.drafter.native.ids is not None  # its 8k draft vocabulary: the chain reads only those logits
     py = _generate(smollm, default_drafter(), monkeypatch, "0", k=5, max_tokens=40)
     assert py == _generate(smollm, default_drafter(), monkeypatch, "1", k=5, max_tokens=40)
 
@@ -180,22 +180,23 @@ def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedul
     if entry == "ctypes":
         monkeypatch.setattr(fast, "cycle", fast.ctypes_cycle)
         monkeypatch.setattr(fast, "propose", fast.ctypes_propose)
-    native = EagleDrafter.fused_cycle
+    native = EagleDrafter.native_cycle
     calls = {"fused": 0, "accepted": 0}
 
     def counted(self, target):
         cycle = native(self, target)
+        run = cycle.run
 
-        def run(*args):
-            got = cycle(*args)
-            if got is not None:
-                calls["fused"] += 1
-                calls["accepted"] += len(got[1])
+        def counted_run(*args):
+            got = run(*args)
+            calls["fused"] += 1
+            calls["accepted"] += len(got[1])
             return got
-        return run
+        cycle.run = counted_run
+        return cycle
 
     def generate(fused: bool) -> list:
-        monkeypatch.setattr(EagleDrafter, "fused_cycle", counted if fused else (lambda self, target: None))
+        monkeypatch.setattr(EagleDrafter, "native_cycle", counted if fused else (lambda self, target: None))
         out = []
         with EdgeEagle(tiny_target, trained_drafters["eagle3.1"][1], n_ctx=512) as ee:
             for seed, prompt in enumerate(PROMPTS):
@@ -210,9 +211,10 @@ def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedul
                     got += new
                 assert_lossless(ee.target, toks, plain, got)
                 d = ee.drafter
+                p = d.pending
                 out.append((got, stats.accepted, stats.drafted, stats.verify_steps, dict(stats.proposers),
-                            list(ee.target.memory.tokens), list(d._pend_tokens), d._pend_pos0, d._pend_rows,
-                            d._pend_buf[: d._pend_rows].tobytes(), d._kv_rows))
+                            list(ee.target.memory.tokens), list(p.tokens), p.pos0, p.rows,
+                            p.buf[: p.rows].tobytes(), p.kv_rows))
         return out
 
     steps = generate(False)
@@ -220,3 +222,30 @@ def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedul
     assert generate(True) == steps
     assert calls["fused"] >= 10 and calls["accepted"] >= 5, calls
     assert sum(s[1] for s in steps) > 0
+
+
+def test_the_library_and_its_python_mirrors_agree_on_every_shared_struct(fast, monkeypatch):
+    import ctypes
+
+    from edge_eagle.errors import LayoutMismatchError
+
+    _fast.check_layouts(fast.lib)  # the installed build: every size and offset agrees
+
+    class Shifted(ctypes.Structure):  # llama.h's llama_embd with its fields swapped
+        _fields_ = [("n_rows", ctypes.c_size_t), ("data", ctypes.c_void_p), ("n_embd", ctypes.c_size_t)]
+
+    monkeypatch.setattr(_fast, "_mirrors", lambda: {"llama_embd": Shifted})
+    with pytest.raises(LayoutMismatchError, match="llama_embd"):
+        _fast.check_layouts(fast.lib)
+
+
+def test_native_failures_are_named_internal_errors_not_user_errors():
+    from edge_eagle.errors import EdgeEagleError, InternalError, LlamaCallError
+
+    for code, stage, rc in ((-1003, "drafter decode", 3), (-2000, "drafter outputs", 0), (-3001, "drafter encoder", 1),
+                            (-4001, "target decode", 1), (-5000, "target outputs", 0), (-101, "drafter batch", -101)):
+        err = _fast.call_error(code)
+        assert isinstance(err, LlamaCallError) and isinstance(err, InternalError)
+        assert not isinstance(err, EdgeEagleError)
+        assert (err.stage, err.code) == (stage, rc), code
+        assert stage in str(err)

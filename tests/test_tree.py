@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 
 from edge_eagle import EdgeEagle
 from edge_eagle.errors import EdgeEagleError
-from edge_eagle.policy import CHAIN, LOOKUP, TREE, Plan
+from edge_eagle.policy import CHAIN, LOOKUP, TREE, DraftPolicy, Plan
 from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
 from edge_eagle.verify import verify_tree
@@ -110,7 +110,7 @@ def test_tree_nodes_are_what_a_chain_along_their_path_drafts(trained):
         assert tree.tokens[kids[0]] == top[0] or row[top[0]] - row[tree.tokens[kids[0]]] < 1e-3
 
 
-class _Shuffle:
+class _Shuffle(DraftPolicy):
     """A random schedule of proposers: plain, chains, trees of several sizes and prompt lookups."""
 
     idle_window = None

@@ -236,7 +236,7 @@ class EdgeEagleChat(App):
     def action_tree(self) -> None:
         """Cycle chains -> trees of 7, 15 nodes -> chains (EAGLE drafters only)."""
         drafter = self.engine.drafter if self.engine is not None else None
-        if not getattr(drafter, "supports_trees", False):
+        if drafter is None or not drafter.supports_trees:
             self.notify("Tree drafting needs an EAGLE drafter.")
             return
         order = [None, 7, 15]

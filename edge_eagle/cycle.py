@@ -1,0 +1,122 @@
+"""One speculative cycle: draft (the plan's proposer), verify in one target batch, roll both
+KV caches back to what was accepted, and hand the drafter the accepted rows' features.
+
+Two strategies with one result type, chosen once per generation (choose()):
+- StepCycle: the drafter, the target and verify.py called step by step; runs every plan;
+- NativeCycle: greedy chains in one native call (the drafter's native_cycle()); every other
+  plan (plain, trees, lookups, sampling) goes to its StepCycle.
+Both leave the same tokens, counts and state behind (tests/test_fastpath.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Sequence
+
+from .drafter import Drafter
+from .policy import CHAIN, LOOKUP, PLAIN, TREE, Plan
+from .proposal import EMPTY, Proposal
+from .sampling import Sampler
+from .target import Target
+from .verify import verify, verify_tree
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did. drafted: draft tokens verified (tree nodes for a tree); depth: the
+    deepest draft position; ranks: each accepted tree node's rank among its siblings."""
+
+    kind: str
+    drafted: int
+    accepted: list[int]
+    bonus: int
+    depth: int
+    ranks: list[int] = field(default_factory=list)
+    propose_s: float = 0.0  # drafting, up to the verify batch
+    verify_s: float = 0.0  # the target's verify batch and verification
+    ingest_s: float = 0.0  # handing the accepted rows to the drafter
+
+
+class StepCycle:
+    """A cycle as separate steps: the proposal, Target.decode / decode_tree, verify / verify_tree,
+    the KV cut, Drafter.ingest."""
+
+    def __init__(self, target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int):
+        self.target, self.drafter, self.sampler = target, drafter, sampler
+        self.p_min, self.tree_depth = p_min, tree_depth
+        # sampled drafts carry their q; greedy ones are the drafter's argmax
+        self.choose = None if sampler.params.greedy else sampler.draft
+
+    def propose(self, plan: Plan, seq: Sequence[int], n_past: int, room: int) -> Proposal:
+        target, drafter = self.target, self.drafter
+        if room <= 0 or plan.n <= 0:
+            return EMPTY
+        if plan.kind == LOOKUP:
+            return (plan.proposal or EMPTY).truncated(room)
+        if plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
+            return drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
+                                        depth=min(self.tree_depth, room))
+        return drafter.propose(seq, min(plan.n, room), self.p_min, self.choose).truncated(room)
+
+    def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
+            trim_to: int | None) -> CycleResult:
+        """The cycle after the committed tokens `seq` (n_past of them before the last); room:
+        the most drafts that fit; capturing: the target captures features for the drafter;
+        trim_to: keep this many rows of drafter context on a cycle that does not draft."""
+        t0 = perf_counter()
+        proposal = self.propose(plan, seq, n_past, room)
+        t_verify = perf_counter()
+        target, last = self.target, seq[-1]
+        if proposal.is_chain:
+            res = target.decode([last, *proposal.tokens], n_past, "all" if proposal.tokens else "last")
+            n_acc, bonus = verify(self.sampler, res.logits, proposal)
+            if n_acc < len(proposal):
+                target.memory.remove_from(n_past + n_acc + 1)
+            accepted = list(proposal.tokens[:n_acc])
+            rows: list[int] | slice = slice(0, n_acc + 1)
+            ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
+        else:
+            res = target.decode_tree(last, proposal.tokens, proposal.parents, n_past)
+            path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal)
+            target.keep_path(path, n_past, last, proposal.tokens)
+            accepted = [proposal.tokens[i] for i in path]
+            rows = [0, *(i + 1 for i in path)]
+        t_ingest = perf_counter()
+        if capturing:
+            self.drafter.ingest(res.feature_rows(rows), n_past, [last, *accepted])
+            if not plan.drafts and trim_to:
+                self.drafter.trim(trim_to)
+        kind = plan.kind if len(proposal) else PLAIN
+        return CycleResult(kind, len(proposal), accepted, bonus, max(proposal.depths, default=0), ranks,
+                           t_verify - t0, t_ingest - t_verify, perf_counter() - t_ingest)
+
+
+class NativeCycle:
+    """Greedy chain cycles through the drafter's native cycle; any other plan, or a chain that
+    does not fit it, through `steps`."""
+
+    def __init__(self, steps: StepCycle, native: Any):
+        self.steps, self.native = steps, native
+
+    def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
+            trim_to: int | None) -> CycleResult:
+        k = min(plan.n, room)
+        if not (capturing and plan.kind == CHAIN and plan.n > 0 and room > 0 and self.native.fits(k)):
+            return self.steps.run(plan, seq, n_past, room, capturing, trim_to)
+        t0 = perf_counter()
+        drafted, accepted, bonus, draft_s, verify_s, _ = self.native.run(seq, k, self.steps.p_min)
+        elapsed = perf_counter() - t0
+        return CycleResult(CHAIN if drafted else PLAIN, drafted, accepted, bonus, drafted, [], draft_s, verify_s,
+                           elapsed - draft_s - verify_s)
+
+
+def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int
+           ) -> StepCycle | NativeCycle:
+    """The cycle strategy for one generation: native greedy chains where the drafter has them."""
+    steps = StepCycle(target, drafter, sampler, p_min, tree_depth)
+    if drafter.needs_features and sampler.params.greedy:
+        native = drafter.native_cycle(target)
+        if native is not None:
+            return NativeCycle(steps, native)
+    return steps
