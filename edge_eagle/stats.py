@@ -1,5 +1,8 @@
-"""Acceptance and timing statistics, named as in NOTES §7: the one counting type that the
-loop, the API, `bench`, the TUI and the scripts all read.
+"""Acceptance and timing statistics: the one counting type that the loop, the API, `bench`,
+the TUI, the server and the scripts all read. SpecStats holds counters; derived figures are
+properties, and to_dict() is the one serialisation that every report starts from (the CLI's
+--json, the server's `edge_eagle` and `timings` objects, the TUI panel; Prometheus counts the
+same counters).
 
 - tau (mean acceptance length) = 1 + accepted / verify_steps (the bonus token counts)
 - per-position acceptance rate i = (#steps whose draft i was accepted) / (#steps that drafted i)
@@ -13,6 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 
+K_HISTORY_KEEP = 1024  # k_history keeps at least the last this many steps, at most twice as many
+
+
+class RecentList(list):
+    """A list that keeps its last `keep` to 2 * `keep` items: appending stays amortised O(1) and
+    a long-running server's history stays bounded."""
+
+    keep = K_HISTORY_KEEP
+
+    def append(self, item: int) -> None:
+        super().append(item)
+        if len(self) > 2 * self.keep:
+            del self[: len(self) - self.keep]
+
+    def extend(self, items: Iterable[int]) -> None:
+        super().extend(items)
+        if len(self) > 2 * self.keep:
+            del self[: len(self) - self.keep]
+
+
 @dataclass
 class SpecStats:
     verify_steps: int = 0
@@ -20,7 +43,10 @@ class SpecStats:
     accepted: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per draft position
     accepted_at: list[int] = field(default_factory=list)
-    k_history: list[int] = field(default_factory=list)  # draft length of each step
+    #: draft length of each recent step (the last 1,024 to 2,048 steps; k_sum and draft_steps count all)
+    k_history: list[int] = field(default_factory=RecentList)
+    k_sum: int = 0  # draft lengths, summed over every step
+    draft_steps: int = 0  # verify steps that checked at least one draft
     generated: int = 0  # tokens emitted
     prompt_tokens: int = 0
     prompt_cached: int = 0  # prompt tokens whose KV was reused from the previous request (not prefilled)
@@ -44,6 +70,8 @@ class SpecStats:
         self.drafted += n_drafted
         self.accepted += n_accepted
         self.k_history.append(n_drafted)
+        self.k_sum += n_drafted
+        self.draft_steps += n_drafted > 0
         kind = kind or ("chain" if n_drafted else "plain")
         self.proposers[kind] = self.proposers.get(kind, 0) + 1
         reach = n_drafted if depth is None else depth
@@ -107,7 +135,7 @@ class SpecStats:
 
     @property
     def k_mean(self) -> float:
-        return sum(self.k_history) / len(self.k_history) if self.k_history else 0.0
+        return self.k_sum / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def k_last(self) -> int:
@@ -133,6 +161,8 @@ class SpecStats:
             self.drafted_at[i] += other.drafted_at[i]
             self.accepted_at[i] += other.accepted_at[i]
         self.k_history.extend(other.k_history)
+        self.k_sum += other.k_sum
+        self.draft_steps += other.draft_steps
         for kind, n in other.proposers.items():
             self.proposers[kind] = self.proposers.get(kind, 0) + n
         self.tree_nodes += other.tree_nodes
@@ -172,6 +202,7 @@ class SpecStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
             "k_mean": round(self.k_mean, 3),
+            "draft_steps": self.draft_steps,
             "k_last": self.k_last,
             "proposers": dict(self.proposers),
             "tree_nodes_mean": round(self.tree_nodes_mean, 3),

@@ -187,3 +187,19 @@ def test_fixed_policy():
     assert Fixed(0).choose() == 0 and not Fixed(0).features_needed_soon()
     with pytest.raises(ValueError):
         Fixed(-1)
+
+
+def test_a_long_running_stats_history_stays_bounded_while_its_counts_stay_whole():
+    from edge_eagle.stats import K_HISTORY_KEEP, SpecStats
+
+    total = SpecStats()
+    for request in range(40):
+        s = SpecStats()
+        for i in range(500):
+            s.record_step(i % 4, min(i % 4, 1))
+        total.merge(s)
+    steps = 40 * 500
+    assert K_HISTORY_KEEP <= len(total.k_history) <= 2 * K_HISTORY_KEEP < steps
+    assert total.k_history[-4:] == [0, 1, 2, 3]  # the newest steps, in order
+    assert total.verify_steps == steps and total.draft_steps == 40 * 375
+    assert total.k_mean == 1.5  # over every step, not only the kept ones

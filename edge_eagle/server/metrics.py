@@ -34,7 +34,7 @@ class Metrics:
         self.waiting = Gauge("edge_eagle:num_requests_waiting", "Generations queued", registry=r)
 
     def record(self, stats: SpecStats, completion_tokens: int, finish_reason: str) -> None:
-        self.num_drafts.inc(sum(1 for k in stats.k_history if k > 0))
+        self.num_drafts.inc(stats.draft_steps)
         self.num_draft_tokens.inc(stats.drafted)
         self.num_accepted_tokens.inc(stats.accepted)
         for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at)):
