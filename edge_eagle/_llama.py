@@ -98,13 +98,13 @@ def load_model(path: str, n_gpu_layers: int, n_layer: int | None = None, repack:
     return LoadedModel(model, decision, buffers)
 
 
-def load_model_buffers(path: str, n_gpu_layers: int = 0) -> dict[str, float]:
+def load_model_buffers(path: str, n_gpu_layers: int = 0, repack: str | None = None) -> dict[str, float]:
     """Load a model only to see where llama.cpp puts its weights (for `inspect --system`)."""
     from . import gguf_keys as K
     from .gguf_file import read_gguf
 
     n_layer = read_gguf(path).get(K.BLOCK_COUNT)
-    loaded = load_model(path, n_gpu_layers, n_layer)
+    loaded = load_model(path, n_gpu_layers, n_layer, repack)
     free_model(loaded.handle)
     return loaded.buffers
 

@@ -23,6 +23,7 @@ from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
+from .options import TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
@@ -30,7 +31,6 @@ from .stats import SpecStats
 from .target import Target
 from . import defaults
 
-TREE_PATHS = 16  # root-to-leaf paths a verified tree may have: llama.cpp sequences of the target
 AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
 
 
@@ -236,6 +236,11 @@ class EdgeEagle:
         self.last_stats: SpecStats | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None
+
+    @classmethod
+    def from_options(cls, options: EngineOptions) -> "EdgeEagle":
+        """An engine made as `options` say (options.EngineOptions; the CLI builds them from its flags)."""
+        return cls(options.target, options.drafter, **options.engine_kwargs())
 
     def _make_drafter(self, drafter: str | os.PathLike[str] | Drafter | None, default_target: bool,
                       n_gpu_layers: int, n_threads: int | None, repack: str | None) -> Drafter | None:

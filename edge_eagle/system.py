@@ -231,15 +231,16 @@ class SystemReport:
 LLAMA_CPP_COMMIT = "0c1e57098"  # what llama-cpp-python 0.3.36 vendors (NOTES §4)
 
 
-def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = None) -> SystemReport:
+def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = None,
+                  repack: str | None = None) -> SystemReport:
     """Everything a bug report about speed or a crash needs; loads the given models to list their buffers."""
     import llama_cpp
     from llama_cpp import llama_cpp as C
 
     from ._llama import load_model_buffers, n_threads_default
 
-    decision = repack_for(n_gpu_layers, None)
-    buffers = {role: load_model_buffers(path, n_gpu_layers) for role, path in (model_paths or {}).items()}
+    decision = repack_for(n_gpu_layers, None, repack)
+    buffers = {role: load_model_buffers(path, n_gpu_layers, repack) for role, path in (model_paths or {}).items()}
     return SystemReport(
         llama_cpp_python=getattr(llama_cpp, "__version__", "?"), llama_cpp_commit=LLAMA_CPP_COMMIT,
         system_info=C.llama_print_system_info().decode(errors="replace").strip(), cpu=cpu_name(),

@@ -79,12 +79,15 @@ def test_escape_stops_generation_cleanly(engine):
         async with app.run_test(size=(120, 40)) as pilot:
             await _ask(pilot, app, "Go on forever")
             reply = list(app.query(ChatMessage))[-1]
+            deadline = time.monotonic() + 60
             while not reply.text:  # stop as soon as the reply has started
+                assert time.monotonic() < deadline, "the reply did not start"
                 await pilot.pause(0.01)
             await pilot.press("escape")
             await _idle(pilot, app)
             assert "cancelled" in reply.footer
-            assert len(engine.last_stats.k_history) < 700
+            stopped = engine.last_stats.generated  # well before the 700 tokens asked for
+            assert 0 < stopped < 700 and f"{stopped} tokens" in reply.footer
             # the engine still works after the cancel
             app.options.max_tokens = 16
             await _ask(pilot, app, "Short one")
@@ -177,6 +180,56 @@ def test_bad_model_shows_a_message_not_a_traceback(tmp_path):
 def test_main_screen_snapshot(engine, snap_compare):
     app = EdgeEagleChat(ChatOptions(k=3), engine=engine)
     assert snap_compare(app, terminal_size=(110, 32))
+
+
+def _fixed_stats():
+    """Figures of a finished reply, fixed so that the screen is the same on every machine."""
+    from edge_eagle.stats import SpecStats
+
+    s = SpecStats(prompt_tokens=12, generated=9, t_prefill=0.05, t_verify=0.2, t_draft=0.05, t_total=0.3)
+    for drafted, accepted in ((3, 2), (3, 3), (3, 0)):
+        s.record_step(drafted, accepted)
+    return s
+
+
+def test_reply_with_tinted_drafts_and_stats_snapshot(engine, snap_compare):
+    """A finished reply: accepted drafts tinted, the message and session figures, the bars."""
+    app = EdgeEagleChat(ChatOptions(k=3), engine=engine)
+
+    async def reply(pilot):
+        await pilot.pause()
+        app._append(ChatMessage("user", "Tell me a story"))
+        message = app._append(ChatMessage("assistant"))
+        stats = _fixed_stats()
+        app.post_message(app.Tokens(message, [("Once", "target"), (" upon", "draft"), (" a", "draft"),
+                                              (" time", "target")], stats))
+        app.engine.stats = stats
+        app.post_message(app.Finished(message, stats, "stop"))
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(110, 32), run_before=reply)
+
+
+def test_settings_after_keys_snapshot(engine, snap_compare):
+    """Speculation off, k raised twice, temperature up, trees of 7 nodes: the settings panel."""
+    app = EdgeEagleChat(ChatOptions(k=3), engine=engine)
+    assert snap_compare(app, terminal_size=(110, 32), press=["f8", "f3", "f3", "f5", "f10"])
+
+
+def test_model_that_fails_to_load_snapshot(tmp_path, snap_compare):
+    """The error state: the message says what is wrong, the prompt stays disabled."""
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all" * 10)
+    app = EdgeEagleChat(ChatOptions(target=str(junk), drafter="none"))
+
+    async def loaded(pilot):
+        deadline = time.monotonic() + 60
+        while not app.query(ChatMessage):
+            assert time.monotonic() < deadline, "no error message appeared"
+            await pilot.pause(0.05)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(110, 32), run_before=loaded)
 
 
 @pytest.mark.smollm

@@ -20,22 +20,19 @@ from textual.widgets import Footer, Header, Input
 
 from edge_eagle import EdgeEagle, EdgeEagleError
 from edge_eagle.fsutil import atomic_write
+from edge_eagle.options import EngineOptions
 from edge_eagle.stats import SpecStats
 
 from .widgets import ChatMessage, StatsPanel
 
 
 @dataclass
-class ChatOptions:
-    target: str | None = None
-    drafter: str | None = "default"
-    k: int | str = "auto"
+class ChatOptions(EngineOptions):
+    """The engine's options (k, tree and p_min are also the settings the keys change), and the
+    chat's own."""
+
     temperature: float = 0.0
-    p_min: float = 0.0
     max_tokens: int = 512
-    n_ctx: int = 4096
-    n_gpu_layers: int = 0
-    tree: int | None = None  # draft trees of this many nodes instead of chains (EAGLE drafters)
 
 
 class EdgeEagleChat(App):
@@ -113,10 +110,8 @@ class EdgeEagleChat(App):
 
     @work(thread=True, exclusive=True, group="load")
     def load_models(self) -> None:
-        o = self.options
         try:
-            engine = EdgeEagle(o.target, o.drafter, k=o.k, p_min=o.p_min, n_ctx=o.n_ctx,
-                               n_gpu_layers=o.n_gpu_layers, tree=o.tree)
+            engine = EdgeEagle.from_options(self.options)
             self.post_message(self.Loaded(engine, None))
         except EdgeEagleError as e:
             self.post_message(self.Loaded(None, str(e)))

@@ -25,6 +25,7 @@ class BenchOptions:
     n_ctx: int = 2048
     threads: int | None = None
     n_gpu_layers: int = 0  # layers on the GPU, for every runner (target and drafter)
+    repack: str | None = None  # llama.cpp's CPU weight repacking for every runner (None: $EDGE_EAGLE_REPACK or auto)
     memory: bool = True  # measure each runner's peak RSS in a child process
     warmup: bool = True
 

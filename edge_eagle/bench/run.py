@@ -20,7 +20,7 @@ from .summary import summarize
 __all__ = ["BenchOptions", "run_bench"]
 
 
-def _machine(threads: int | None) -> dict[str, Any]:
+def _machine(threads: int | None, repack: str | None) -> dict[str, Any]:
     from .. import system
     from .._llama import n_threads_default
 
@@ -31,7 +31,7 @@ def _machine(threads: int | None) -> dict[str, Any]:
         pass
     return {"cpu": system.cpu_name(), "cores": os.cpu_count(), "threads": threads or n_threads_default(),
             "memory_gib": mem, "os": platform.platform(), "python": platform.python_version(),
-            "backend": "llama.cpp CPU (llama-cpp-python 0.3.36)", "repack": system.repack_for(0, None).reason}
+            "backend": "llama.cpp CPU (llama-cpp-python 0.3.36)", "repack": system.repack_for(0, None, repack).reason}
 
 
 def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         noise, found = divergences(bench, prompts, prompt_ids, results)
         bar.update(1)
         bar.close()
-        machine = _machine(opts.threads)
+        machine = _machine(opts.threads, opts.repack)
         return summarize(bench, prompts, results, costs, peak, machine, found, noise)
     finally:
         bench.close()

@@ -114,7 +114,7 @@ class PromptLookupRunner(Runner):
     kind = "prompt-lookup"
 
     def __init__(self, target: str, k: int, n_ctx: int, n_threads: int | None, eos: set[int],
-                 n_gpu_layers: int = 0):
+                 n_gpu_layers: int = 0, repack: str | None = None):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -125,7 +125,7 @@ class PromptLookupRunner(Runner):
         # default (off) shifts logits enough to flip near-ties. logits_all=True: with a draft model,
         # llama-cpp-python sizes its logits buffer by n_batch unless logits_all is passed, and
         # overflows once the sequence passes n_batch.
-        with llama_cpp_python_repack(n_gpu_layers):  # llama.cpp's AMX kernels crash (edge_eagle/system.py)
+        with llama_cpp_python_repack(n_gpu_layers, repack):  # llama.cpp's AMX kernels crash (edge_eagle/system.py)
             self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                              draft_model=self.draft, logits_all=True, flash_attn=True, verbose=False,
                              n_gpu_layers=n_gpu_layers)
@@ -191,8 +191,9 @@ class UpstreamRunner(Runner):
 
     def __init__(self, binary: Path, target: str, drafter: str, k: int, n_ctx: int, n_threads: int | None,
                  spec_type: str = "draft-eagle3", name: str | None = None, prompt_echo=None,
-                 n_gpu_layers: int = 0):
+                 n_gpu_layers: int = 0, repack: str | None = None):
         self.binary, self.target, self.drafter, self.k = binary, target, drafter, k
+        self.repack = repack
         self.n_gpu_layers = n_gpu_layers
         self.n_ctx, self.spec_type = n_ctx, spec_type
         self.threads = n_threads or min(8, os.cpu_count() or 1)
@@ -206,7 +207,7 @@ class UpstreamRunner(Runner):
                 "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                 "-f", prompt_file, "-n", str(n), "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4"] + ([] if repack_for(0, None).use_extra_bufts else ["--no-repack"]) + (
+                "--seed", "0", "-lv", "4"] + ([] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
                 ["-ngl", str(self.n_gpu_layers), "-ngld", str(self.n_gpu_layers)] if self.n_gpu_layers else [])
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:

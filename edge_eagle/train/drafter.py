@@ -14,7 +14,7 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
                   regenerate: bool = False, max_prompt: int = 384, max_new: int = 256, gguf: str | None = None,
                   outtype: str = "q8_0", progress: bool = True, parallel: int = 16, turns: str = "first",
                   resume: bool = False, log: Callable[[str], Any] = print, n_gpu_layers: int = 0,
-                  n_threads: int | None = None, extra_features: Sequence[Path] = (),
+                  n_threads: int | None = None, repack: str | None = None, extra_features: Sequence[Path] = (),
                   eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
     """Extract (resumable) -> train (opts.steps == 0: extraction only; resume: continue the
     training state in out/checkpoint) -> convert to `gguf`. Features go to `features`, by
@@ -31,7 +31,7 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
     chosen = tuple(layers) if layers else (2, n // 2, n - 3)
     features = features or default_features_dir(target_path, data, chosen, regenerate, turns)
     target = Target(target_path, n_ctx=max_prompt + max_new + 8, n_seq=max(1, parallel), n_gpu_layers=n_gpu_layers,
-                    n_threads=n_threads)
+                    n_threads=n_threads, repack=repack)
     try:
         manifest = extract(target, chosen, conversations(data), features, max_tokens=max_tokens,
                            regenerate=regenerate, max_prompt=max_prompt, max_new=max_new, progress=progress,
