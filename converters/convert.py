@@ -133,7 +133,7 @@ def _norm_output(raw: Mapping[str, Any], cfg: Mapping[str, Any], eagle_cfg: Mapp
 
 def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.ndarray], target: GGUFFile,
                  notes: list[str], norm_output: str | bool | None = None):
-    from edge_eagle.reference import Eagle3Config, llama3_rope_factors
+    from edge_eagle.checks.reference import Eagle3Config, llama3_rope_factors
 
     cfg = dict(ckpt.config)
     if layout.arch_config:
@@ -289,7 +289,7 @@ def reference_model(tensors: Mapping[str, np.ndarray], cfg: Any, target: GGUFFil
     """The torch reference (reference.Eagle3Reference) on a read checkpoint's weights."""
     import torch
 
-    from edge_eagle.reference import Eagle3Reference
+    from edge_eagle.checks.reference import Eagle3Reference
 
     embed = None if cfg.has_embedding else torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
     model = Eagle3Reference(cfg, embed)
@@ -343,8 +343,8 @@ def verify_conversion(path: Path, target: GGUFFile, tensors: Mapping[str, np.nda
     """llama.cpp on the written file against the reference on the source weights; and, where the
     library that wrote the checkpoint is importable, the reference against that library's own
     forward ("peer"; None when none ran). ok needs both."""
-    from edge_eagle.parity import verify_drafter
-    from edge_eagle.peers import check_with_peer
+    from edge_eagle.checks.parity import verify_drafter
+    from edge_eagle.checks.peers import check_with_peer
 
     reference = reference_model(tensors, cfg, target)
     c = verify_drafter(path, target.path, reference)

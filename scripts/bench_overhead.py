@@ -88,7 +88,7 @@ def random_drafter(out_dir: Path, target_path: str | Path) -> Path:
     from edge_eagle.converters import convert
     from edge_eagle.gguf_file import read_gguf
     from edge_eagle.train import TrainOptions, save_checkpoint
-    from edge_eagle.train.pipeline import init_model
+    from edge_eagle.train.trainer import init_model
 
     target = read_gguf(target_path)
     n = int(target.get("{arch}.block_count"))

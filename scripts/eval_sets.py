@@ -84,7 +84,7 @@ def score(args: argparse.Namespace) -> int:
     import torch
 
     from edge_eagle.gguf_file import read_gguf
-    from edge_eagle.train.pipeline import TrainOptions, init_model, read_manifest, simulated_acceptance
+    from edge_eagle.train.trainer import TrainOptions, init_model, read_manifest, simulated_acceptance
     from edge_eagle.train.ttt import FeatureData
     from edge_eagle.defaults import default_target
 

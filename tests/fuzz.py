@@ -39,7 +39,7 @@ def build_inputs(work: Path) -> dict[str, Path]:
     from safetensors.torch import load_file
 
     from edge_eagle.train import TrainOptions, save_checkpoint
-    from edge_eagle.train.pipeline import init_model
+    from edge_eagle.train.trainer import init_model
     from edge_eagle.gguf_file import read_gguf
     from tests.tiny_models import make_drafter, write_tiny_target
 

@@ -19,7 +19,7 @@ from edge_eagle.converters.convert import TOLERANCE
 from edge_eagle import EdgeEagle
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.gguf_file import read_gguf
-from edge_eagle.parity import verify_drafter
+from edge_eagle.checks.parity import verify_drafter
 from tests.test_errors import assert_clean_error, cli
 from tests.tiny_models import LAYOUT_FLAGS, layout_reference, write_checkpoint
 

@@ -41,3 +41,16 @@ def test_no_code_imports_the_folders_by_their_top_level_names():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("converters", "tui")]
     assert not offenders
+
+
+def test_moved_modules_keep_working_under_their_old_names():
+    import importlib
+
+    for old, new in (("edge_eagle.reference", "edge_eagle.checks.reference"),
+                     ("edge_eagle.parity", "edge_eagle.checks.parity"),
+                     ("edge_eagle.peers", "edge_eagle.checks.peers"),
+                     ("edge_eagle.train.drafter", "edge_eagle.train.pipeline")):
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from edge_eagle.reference import Eagle3Config  # what apps import from the old name
+    from edge_eagle.train.pipeline import init_model, train_drafter  # noqa: F401
+    assert Eagle3Config.__module__ == "edge_eagle.checks.reference"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_eagle.eagle import EagleDrafter
-from edge_eagle.parity import ChainComparison, compare_chain, verify_drafter
+from edge_eagle.checks.parity import ChainComparison, compare_chain, verify_drafter
 from edge_eagle.target import Target
 from tests.conftest import VARIANTS
 
@@ -79,7 +79,7 @@ def test_trimmed_idle_drafter_matches_reference_on_its_window(tiny_target, tiny_
     window's absolute positions do not matter), whatever its KV held before."""
     import torch
 
-    from edge_eagle.reference import reference_chain
+    from edge_eagle.checks.reference import reference_chain
 
     path, model = tiny_drafters["eagle3.1"]
     target = Target(tiny_target, n_ctx=256)

@@ -21,11 +21,11 @@ speculators = pytest.importorskip("speculators.models.eagle3", reason="speculato
 from edge_eagle.converters import convert  # noqa: E402
 from edge_eagle.converters.convert import TOLERANCE, read_drafter, reference_model  # noqa: E402
 from edge_eagle.gguf_file import read_gguf  # noqa: E402
-from edge_eagle.parity import verify_drafter  # noqa: E402
-from edge_eagle.peers import (compare_steps, sequence_features, specforge_step_logits,  # noqa: E402
+from edge_eagle.checks.parity import verify_drafter  # noqa: E402
+from edge_eagle.checks.peers import (compare_steps, sequence_features, specforge_step_logits,  # noqa: E402
                               speculators_step_logits)
 from edge_eagle.train import TrainOptions, save_checkpoint  # noqa: E402
-from edge_eagle.train.pipeline import init_model, write_verifier  # noqa: E402
+from edge_eagle.train.trainer import init_model, write_verifier  # noqa: E402
 
 quiet = dict(log=lambda m: None)
 
@@ -173,7 +173,7 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
         read_drafter(tmp_path / "sf", tiny_target)  # the version-dependent flag is not guessed
     # convert --verify runs SpecForge's own loop too where the installed release can run the chosen reading
     from edge_eagle.cli import main
-    from edge_eagle.peers import check_with_peer
+    from edge_eagle.checks.peers import check_with_peer
 
     code = main(["convert", str(tmp_path / "sf"), "--target", str(tiny_target), "--outtype", "f32", "--verify",
                  "--norm-output", reading, "-o", str(tmp_path / "sf.gguf")])

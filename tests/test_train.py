@@ -14,11 +14,11 @@ from edge_eagle.converters import convert
 from edge_eagle import EdgeEagle
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.gguf_file import read_gguf
-from edge_eagle.parity import verify_drafter
-from edge_eagle.reference import Eagle3Config, random_reference
+from edge_eagle.checks.parity import verify_drafter
+from edge_eagle.checks.reference import Eagle3Config, random_reference
 from edge_eagle.target import Target
 from edge_eagle.train import TrainOptions, save_checkpoint, train
-from edge_eagle.train.pipeline import draft_vocabulary, init_model
+from edge_eagle.train.trainer import draft_vocabulary, init_model
 from edge_eagle.train.ttt import ttt_states
 
 quiet = dict(log=lambda m: None)
@@ -201,7 +201,7 @@ def test_parallel_extraction_resumes_without_losing_or_repeating_a_conversation(
 def test_training_resumes_exactly_where_it_stopped(features, tiny_target, tmp_path, monkeypatch):
     """An interrupted run continued with resume=True ends with the weights of an uninterrupted one,
     and the history carries the held-out simulated acceptance."""
-    import edge_eagle.train.pipeline as P
+    import edge_eagle.train.trainer as P
     from edge_eagle.train import train
 
     opts = TrainOptions(steps=8, ttt_steps=2, batch_rows=256, draft_vocab=256, lr=3e-3, warmup=2, save_every=3,

@@ -1,422 +1,66 @@
-"""`edge-eagle train`: features -> draft vocabulary -> TTT training -> speculators checkpoint
-(-> GGUF through `edge-eagle convert`)."""
+"""The whole `edge-eagle train` pipeline for a target: extract features through the runtime's
+capture path, train, and optionally convert the checkpoint to a GGUF."""
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
-import numpy as np
-import torch
-
-from .. import gguf_keys as K
-from ..errors import EdgeEagleError
-from ..fsutil import atomic_path, atomic_write
-from ..gguf_file import GGUFFile, read_gguf
-from ..reference import Eagle3Config, Eagle3Reference
-from ..tensors import BY_REF
-from .extract import MANIFEST
-from .ttt import FeatureData, ttt_loss
+from .trainer import (TrainOptions, draft_vocabulary, init_model, read_manifest, save_checkpoint,  # noqa: F401
+                      simulated_acceptance, train, write_verifier)  # the trainer's names, as this module had them
 
 
-@dataclass
-class TrainOptions:
-    steps: int = 1000  # optimizer steps
-    ttt_steps: int = 5
-    step_decay: float = 0.8
-    lr: float = 1e-3
-    warmup: int = 30
-    weight_decay: float = 0.01
-    grad_clip: float = 0.5
-    batch_rows: int = 2048
-    draft_vocab: int = 8192
-    eagle31: bool = True  # fc_norm + norm_output; False trains EAGLE-3 norms (the ablation)
-    device: str = "cpu"
-    seed: int = 0
-    hf_target: str | None = None  # the checkpoint's verifier for speculators (None: a folder beside it)
-    init: str = "default"  # "warm": the decoder from one of the target's late layers, fc passing its top layer
-    eval_every: int = 50  # steps between simulated-acceptance evaluations on the held-out slice (0: never)
-    heldout: int = 48  # sequences held out of training for that evaluation
-    save_every: int = 50  # steps between training-state saves (what --resume continues from)
-    ffn: int | None = None  # the decoder's FFN width (None: the target's; llama.cpp reads it from the GGUF)
-    freeze_head: bool = False  # keep the lm_head at the target's own rows (not trained)
-    train_tokens: int | None = None  # train on the first this many feature tokens only (None: all; a ladder budget)
+def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOptions, *,
+                  features: Path | None = None, layers: Sequence[int] | None = None, max_tokens: int = 200_000,
+                  regenerate: bool = False, max_prompt: int = 384, max_new: int = 256, gguf: str | None = None,
+                  outtype: str = "q8_0", progress: bool = True, parallel: int = 16, turns: str = "first",
+                  resume: bool = False, log: Callable[[str], Any] = print, n_gpu_layers: int = 0,
+                  n_threads: int | None = None, repack: str | None = None, extra_features: Sequence[Path] = (),
+                  eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
+    """Extract (resumable) -> train (opts.steps == 0: extraction only; resume: continue the
+    training state in out/checkpoint) -> convert to `gguf`. Features go to `features`, by
+    default a folder of the user cache named after the target and settings.
+    Returns the training summary, or {"features", "tokens"} after an extraction only."""
+    from ..gguf_file import read_gguf
+    from ..target import Target
+    from .data import conversations
+    from .extract import extract
 
+    from .. import gguf_keys as K
 
-def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
-    """The n target tokens most frequent in the data (tokens and the targets' top labels), sorted."""
-    counts = np.zeros(vocab_size, np.int64)
-    for path in shards:
-        with np.load(path) as z:
-            mask = z["mask"]
-            np.add.at(counts, z["tokens"], 1)
-            np.add.at(counts, z["top_ids"][mask, 0], 1)
-    n = min(n, vocab_size)
-    return np.sort(np.argsort(-counts, kind="stable")[:n]).astype(np.int64)
+    n = int(read_gguf(target_path).require(K.BLOCK_COUNT))
+    chosen = tuple(layers) if layers else (2, n // 2, n - 3)
+    features = features or default_features_dir(target_path, data, chosen, regenerate, turns)
+    target = Target(target_path, n_ctx=max_prompt + max_new + 8, n_seq=max(1, parallel), n_gpu_layers=n_gpu_layers,
+                    n_threads=n_threads, repack=repack)
+    try:
+        manifest = extract(target, chosen, conversations(data), features, max_tokens=max_tokens,
+                           regenerate=regenerate, max_prompt=max_prompt, max_new=max_new, progress=progress,
+                           turns=turns)
+    finally:
+        target.close()
+    log(f"features: {manifest['tokens']} tokens from {manifest['conversations_seen']} conversations")
+    if opts.steps == 0:
+        return {"features": str(features), "tokens": manifest["tokens"]}
+    summary = train(features, Path(target_path), out / "checkpoint", opts, progress=progress, resume=resume,
+                    extra_features=tuple(extra_features), eval_sets=eval_sets)
+    log(f"checkpoint: {out / 'checkpoint'} (speculators layout), final loss {summary['final_loss']:.3f}")
+    if gguf:
+        from edge_eagle.converters import convert
 
-
-def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, opts: TrainOptions) -> Eagle3Reference:
-    h = int(target.require(K.EMBEDDING_LENGTH))
-    heads = int(target.require(K.HEAD_COUNT))
-    ffn = int(target.require(K.FEED_FORWARD_LENGTH))
-    if opts.ffn is not None and opts.ffn != ffn and opts.init == "warm":
-        raise EdgeEagleError(f"--init warm copies the target's MLP, so it needs the target's FFN width ({ffn}); "
-                             "drop --ffn or use --init default.")
-    cfg = Eagle3Config(hidden_size=h, intermediate_size=opts.ffn or ffn,
-                       num_attention_heads=heads, num_key_value_heads=int(target.get(K.HEAD_COUNT_KV, heads)),
-                       target_hidden_size=h, vocab_size=target.vocab_size, draft_vocab_size=len(d2t),
-                       target_layers=layers, rms_norm_eps=float(target.get(K.RMS_EPS, 1e-5)),
-                       rope_theta=float(target.get(K.ROPE_FREQ_BASE, 10000.0)),
-                       max_position_embeddings=int(target.get(K.CONTEXT_LENGTH, 4096)),
-                       fc_norm=opts.eagle31, norm_output=opts.eagle31)
-    embed = torch.from_numpy(target.tensor_array(K.T_TOKEN_EMBD))
-    torch.manual_seed(opts.seed)
-    model = Eagle3Reference(cfg, embed)
-    with torch.no_grad():
-        model.d2t.copy_(torch.from_numpy(d2t))
-        # start from the target's own output head and final norm, restricted to the draft vocabulary
-        head = target.tensor_array(K.T_OUTPUT) if K.T_OUTPUT in target.tensors else embed.numpy()
-        model.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)[d2t]))
-        model.norm.weight.copy_(torch.from_numpy(target.tensor_array(K.T_OUTPUT_NORM)))
-        if opts.freeze_head:
-            model.lm_head.weight.requires_grad_(False)
-        if opts.init == "warm":
-            warm_start(model, target, layers[-1])
-        elif opts.init != "default":
-            raise EdgeEagleError(f"Unknown init '{opts.init}'; use default or warm.")
-    return model
-
-
-def warm_start(model: Eagle3Reference, target: GGUFFile, layer: int) -> None:
-    """The decoder starts as the target's own layer `layer` (dequantized from the GGUF): its
-    attention takes the hidden-state half of q/k/v (the embedding half starts at zero), o, MLP
-    and both norms; fc starts as the pass-through of the highest captured layer, whose input is
-    that layer's. (NOTES §8's caution: this gives the target's function one position early, a
-    start, not the drafter's function; the ladder measures it against the default.)"""
-    from ..tensors import unpermute
-
-    def w(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(target.tensor_array(f"blk.{layer}.{name}.weight"),
-                                                     dtype=np.float32))
-
-    c, m = model.cfg, model.midlayer
-    h = c.hidden_size
-    heads, kv = int(target.require(K.HEAD_COUNT)), int(target.get(K.HEAD_COUNT_KV, target.require(K.HEAD_COUNT)))
-    q = torch.from_numpy(unpermute(w("attn_q").numpy(), heads))
-    k = torch.from_numpy(unpermute(w("attn_k").numpy(), kv))
-    for proj, src in ((m.self_attn.q_proj, q), (m.self_attn.k_proj, k), (m.self_attn.v_proj, w("attn_v"))):
-        proj.weight.zero_()
-        proj.weight[:, h:] = src  # x = [input_layernorm(embed), hidden_norm(g)]: the hidden half
-    m.self_attn.o_proj.weight.copy_(w("attn_output"))
-    m.mlp.gate_proj.weight.copy_(w("ffn_gate"))
-    m.mlp.up_proj.weight.copy_(w("ffn_up"))
-    m.mlp.down_proj.weight.copy_(w("ffn_down"))
-    m.hidden_norm.weight.copy_(w("attn_norm"))
-    m.post_attention_layernorm.weight.copy_(w("ffn_norm"))
-    ht = c.target_hidden_size
-    model.fc.weight.zero_()
-    model.fc.weight[:, 2 * ht:] = torch.eye(h, ht)
-
-
-# GGUF architecture -> (HF model_type, architecture) of the verifier folder beside a checkpoint
-_HF_ARCH = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-            "qwen3": ("qwen3", "Qwen3ForCausalLM"), "mistral": ("mistral", "MistralForCausalLM")}
-SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (and whose loader is tested)
-
-
-def write_verifier(target: GGUFFile, out: Path) -> tuple[str, list[str]]:
-    """A minimal HF folder for the target (config.json + embed_tokens, final norm and lm_head taken
-    from the GGUF), so speculators can resolve the checkpoint's verifier offline. Returns the
-    folder's path and the verifier's architectures."""
-    from safetensors.torch import save_file
-
-    model_type, arch = _HF_ARCH.get(target.arch, ("llama", "LlamaForCausalLM"))
-    embed = torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_TOKEN_EMBD), dtype=np.float32))
-    head = (torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_OUTPUT), dtype=np.float32))
-            if K.T_OUTPUT in target.tensors else embed.clone())  # tied: safetensors stores no shared tensors
-    norm = torch.from_numpy(np.ascontiguousarray(target.tensor_array(K.T_OUTPUT_NORM), dtype=np.float32))
-    heads = int(target.require(K.HEAD_COUNT))
-    config = {"architectures": [arch], "model_type": model_type,
-              "hidden_size": int(target.require(K.EMBEDDING_LENGTH)),
-              "intermediate_size": int(target.require(K.FEED_FORWARD_LENGTH)),
-              "num_hidden_layers": int(target.require(K.BLOCK_COUNT)), "num_attention_heads": heads,
-              "num_key_value_heads": int(target.get(K.HEAD_COUNT_KV, heads)),
-              "rms_norm_eps": float(target.get(K.RMS_EPS, 1e-6)), "vocab_size": target.vocab_size,
-              "max_position_embeddings": int(target.get(K.CONTEXT_LENGTH, 4096)),
-              "rope_parameters": {"rope_theta": float(target.get(K.ROPE_FREQ_BASE, 10000.0)), "rope_type": "default"},
-              "tie_word_embeddings": K.T_OUTPUT not in target.tensors,
-              "edge_eagle": {"note": f"embedding, final norm and lm_head of {target.path.name} only, for "
-                                     "speculators' verifier lookup; not a runnable model"}}
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file({"model.embed_tokens.weight": embed, "model.norm.weight": norm, "lm_head.weight": head}, str(tmp))
-    atomic_write(out / "config.json", json.dumps(config, indent=2))
-    return str(out.resolve()), [arch]
-
-
-def save_checkpoint(model: Eagle3Reference, out: Path, target: GGUFFile, meta: dict[str, Any],
-                    hf_target: str | None = None) -> Path:
-    """The speculators 0.9.0 layout, as its own save_pretrained writes it: config.json +
-    model.safetensors (layers.0.*, HF d2t offsets, t2d, embed_tokens), loadable by speculators'
-    from_pretrained as it is. Its verifier is `hf_target` (a Hub id or HF folder of the target)
-    when given, else a minimal verifier folder written beside it (`verifier/`)."""
-    from safetensors.torch import save_file
-
-    from edge_eagle.converters.layouts import BY_NAME, to_layout
-
-    c = model.cfg
-    out.mkdir(parents=True, exist_ok=True)
-    layout = BY_NAME["speculators"]  # the converter reads this back with the same table
-    state = {}
-    for name, value in model.state_dict().items():
-        if name == "d2t":
-            continue
-        if name not in BY_REF:
-            raise RuntimeError(f"the drafter has a tensor {name} that edge_eagle.tensors does not name")
-        state[to_layout(layout, name)] = value.contiguous()
-    if "embed_tokens.weight" not in state:  # self-contained, as speculators saves it; convert shares it again
-        state["embed_tokens.weight"] = model.target_embed.contiguous()
-    d2t = model.d2t.clone()
-    state["d2t"] = d2t - torch.arange(len(d2t))
-    t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
-    t2d[d2t] = True
-    state["t2d"] = t2d
-    if hf_target:
-        verifier, archs = hf_target, [_HF_ARCH.get(target.arch, ("llama", "LlamaForCausalLM"))[1]]
-    else:
-        verifier, archs = write_verifier(target, out / "verifier")
-    config = {
-        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": {
-            "model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
-            "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
-            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
-            "num_hidden_layers": 1, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-            "tie_word_embeddings": False},
-        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
-        "norm_output": c.norm_output, "embed_requires_grad": False, "tie_word_embeddings": False,
-        "eagle_aux_hidden_state_layer_ids": list(c.target_layers),
-        "speculators_config": {
-            "algorithm": "eagle3", "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
-                                  "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier, "architectures": archs}},
-        "edge_eagle": meta,
-    }
-    with atomic_path(out / "model.safetensors") as tmp:
-        save_file(state, str(tmp))
-    atomic_write(out / "config.json", json.dumps(config, indent=2))
-    return out
-
-
-STATE = "train_state.pt"  # beside the checkpoint: model, optimizer, scheduler, data position
-
-
-def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, batch_rows: int = 4096) -> dict:
-    """Greedy acceptance the drafter would get on `data` (held-out sequences of the target's own
-    greedy answers), from its training-time-test states: a chain seeded at row P accepts its
-    s-th draft when the drafts at rows P..P+s all equal the target's greedy token. Exact for
-    regenerated data (the chain's inputs are then the true tokens), cheap (no llama.cpp)."""
-    from .ttt import ttt_states
-
-    model.eval()
-    total_len, seeds = 0.0, 0
-    accepted_at = np.zeros(steps)
-    with torch.no_grad():
-        for batch in data.batches(batch_rows, np.random.default_rng(0)):
-            greedy = batch.label_ids[..., 0]  # draft id of the target's greedy token (-1: outside the vocab)
-            match = [(model.draft_logits(h).argmax(-1) == greedy) & batch.valid
-                     for h in ttt_states(model, batch.feats, batch.tokens, batch.pos, steps)]
-            B, T = batch.tokens.shape
-            run = torch.ones(B, T, dtype=torch.bool)
-            valid = batch.valid
-            for s, m in enumerate(match):  # the chain seeded at P drafts step s at row P + s
-                shifted = torch.zeros(B, T, dtype=torch.bool)
-                if s < T:
-                    shifted[:, :T - s] = m[:, s:]
-                run = run & shifted
-                accepted_at[s] += float(run[valid].sum())
-            seeds += int(valid.sum())
-    model.train()
-    if not seeds:
-        return {"tau": 0.0, "per_position_acceptance": [], "seeds": 0}
-    per_pos = [accepted_at[s] / seeds if s == 0 else (accepted_at[s] / accepted_at[s - 1] if accepted_at[s - 1] else 0.0)
-               for s in range(steps)]
-    return {"tau": round(1.0 + float(accepted_at.sum()) / seeds, 4),
-            "per_position_acceptance": [round(float(x), 4) for x in per_pos], "seeds": seeds}
-
-
-def read_manifest(features_dir: Path, target: GGUFFile, layers: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """A feature folder's manifest, checked against the target (same tokenizer) and, if given, the layers."""
-    path = features_dir / MANIFEST
-    if not path.is_file():
-        raise EdgeEagleError(f"{features_dir} holds no extracted features; run extraction first.")
-    manifest = json.loads(path.read_text())
-    if manifest["fingerprint"] != target.vocab_fingerprint():
-        raise EdgeEagleError(f"The features in {features_dir} come from another tokenizer than "
-                             f"{target.path.name}'s; extract them again for this target.")
-    if layers is not None and tuple(manifest["layers"]) != tuple(layers):
-        raise EdgeEagleError(f"{features_dir} captured target layers {manifest['layers']}, not {list(layers)}; "
-                             "extract it again with the same --layers.")
-    return manifest
-
-
-def cap_shards(shards: list[Path], max_tokens: int | None, total_tokens: int) -> tuple[list[Path], int]:
-    """The leading shards that hold about max_tokens feature tokens (all of them for None), and
-    their token count (total_tokens, the manifests' sum, when all are kept)."""
-    if max_tokens is None or max_tokens >= total_tokens:
-        return shards, total_tokens
-    kept, total = [], 0
-    for path in shards:
-        if total >= max_tokens:
-            break
-        with np.load(path) as z:
-            total += len(z["tokens"])
-        kept.append(path)
-    return kept, total
-
-
-def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
-          log=print, resume: bool = False, extra_features: tuple[Path, ...] = (),
-          eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Train a drafter on cached features and save it to `out` (speculators layout).
-
-    Every opts.save_every steps the whole training state goes to out/train_state.pt; with
-    resume, training continues from there (same model, optimizer, schedule and position in
-    the data), so a run can be stopped and continued. Every opts.eval_every steps the
-    simulated acceptance on a held-out slice, and on each feature folder of eval_sets
-    (name -> folder, e.g. MT-bench answers never trained on), is printed and kept in the history.
-    extra_features are further feature folders trained on with features_dir (same layers)."""
-    target = read_gguf(target_path)
-    dirs = [features_dir, *extra_features]
-    manifests = [read_manifest(d, target) for d in dirs]
-    manifest = manifests[0]
-    layers = tuple(manifest["layers"])
-    for d, m in zip(dirs[1:], manifests[1:]):
-        if tuple(m["layers"]) != layers:
-            raise EdgeEagleError(f"{d} captured target layers {m['layers']}, not {list(layers)}; "
-                                 "train only on features extracted with the same --layers.")
-    # shards taken in turn from each folder, so that a token cap keeps a mix of all of them
-    per_dir = [[d / s for s in m["shards"]] for d, m in zip(dirs, manifests)]
-    interleaved = [lst[i] for i in range(max(map(len, per_dir))) for lst in per_dir if i < len(lst)]
-    shards, features_tokens = cap_shards(interleaved, opts.train_tokens, sum(int(m["tokens"]) for m in manifests))
-    d2t = draft_vocabulary(shards, target.vocab_size, opts.draft_vocab)
-    t2d_index = np.full(target.vocab_size, -1, np.int64)
-    t2d_index[d2t] = np.arange(len(d2t))
-    data = FeatureData(shards, t2d_index)
-    evals = {name: FeatureData([d / s for s in m["shards"]], t2d_index)
-             for name, d in (eval_sets or {}).items()
-             for m in [read_manifest(d, target, layers)]}
-    heldout = data.split(opts.heldout) if opts.eval_every and opts.heldout else None
-    model = init_model(target, layers, d2t, opts).to(opts.device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup) *
-                                              0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps))))
-    rng = np.random.default_rng(opts.seed)
-    history: list[dict[str, Any]] = []
-    step, epoch, skip, wall_before = 0, 0, 0, 0.0
-    state_path = out / STATE
-    if resume:
-        if not state_path.is_file():
-            raise EdgeEagleError(f"{state_path} does not exist, so there is nothing to resume; run without --resume.")
-        state = torch.load(state_path, map_location=opts.device, weights_only=False)
-        if state["d2t"] != d2t.tolist() or state["features_tokens"] != features_tokens:
-            raise EdgeEagleError(f"{state_path} was trained on other features or another draft vocabulary; resume "
-                                 "with the same --features and --draft-vocab, or start a new --out.")
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        sched.load_state_dict(state["sched"])
-        step, epoch, skip = state["step"], state["epoch"] - 1, state["batches_in_epoch"]
-        rng.bit_generator.state = state["rng_epoch_start"]
-        history, wall_before = state["history"], state["wall_time_s"]
-        log(f"resuming at step {step} of {opts.steps} (epoch {epoch + 1})")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=opts.steps, initial=min(step, opts.steps), desc="train", unit="step")
-    t0 = time.time()
-    last_eval: dict[str, Any] | None = None
-    last_sets: dict[str, Any] = {}
-
-    def save_state(batches_in_epoch: int, rng_epoch_start: dict) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        state = {"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
-                 "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                 "rng_epoch_start": rng_epoch_start, "history": history, "d2t": d2t.tolist(),
-                 "features_tokens": features_tokens, "wall_time_s": wall_before + time.time() - t0,
-                 "options": asdict(opts)}
-        with atomic_path(state_path) as tmp:
-            torch.save(state, tmp)
-
-    while step < opts.steps:
-        epoch += 1
-        rng_epoch_start = copy_rng_state(rng)
-        for n_batch, batch in enumerate(data.batches(opts.batch_rows, rng), 1):
-            if skip:  # resuming inside an epoch: its first batches were already trained on
-                skip -= 1
-                continue
-            batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
-            loss, losses, accs = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
-            optim.step()
-            sched.step()
-            step += 1
-            record: dict[str, Any] = {"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
-            if opts.eval_every and (step % opts.eval_every == 0 or step == opts.steps):
-                if heldout is not None:
-                    last_eval = simulated_acceptance(model, heldout, opts.ttt_steps)
-                    record["heldout"] = last_eval
-                if evals:
-                    last_sets = {name: simulated_acceptance(model, d, opts.ttt_steps) for name, d in evals.items()}
-                    record["eval"] = last_sets
-            history.append(record)
-            if bar is not None:
-                post = {"loss": f"{float(loss.detach()):.3f}", "top1": f"{accs[0]:.2f}",
-                        "top1_last": f"{accs[-1]:.2f}"}
-                if last_eval is not None:
-                    post["sim_tau"] = f"{last_eval['tau']:.3f}"
-                for name, ev in last_sets.items():
-                    post[f"tau_{name}"] = f"{ev['tau']:.3f}"
-                bar.set_postfix(post)
-                bar.update(1)
-            if opts.save_every and (step % opts.save_every == 0 or step >= opts.steps):
-                save_state(n_batch, rng_epoch_start)
-            if step >= opts.steps:
-                break
-    if bar is not None:
-        bar.close()
-    wall = wall_before + time.time() - t0
-    tail = history[-max(1, len(history) // 10):]
-    summary = {
-        "steps": step, "epochs": epoch, "wall_time_s": round(wall, 1), "train_rows": data.n_rows,
-        "feature_tokens": features_tokens, "feature_dirs": [str(d) for d in dirs], "draft_vocab": len(d2t),
-        "options": asdict(opts),
-        "final_loss": float(np.mean([h["loss"] for h in tail])),
-        "final_top1_per_step": np.mean([h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps], 0).round(4).tolist()
-        if any(len(h["top1"]) == opts.ttt_steps for h in tail) else [],
-        "heldout": last_eval,
-        "eval": last_sets,
-        "target": target.path.name, "layers": list(layers),
-    }
-    model.cpu()
-    save_checkpoint(model, out, target, summary, hf_target=opts.hf_target)
-    atomic_write(out / "train_history.json", json.dumps(history))
+        convert(out / "checkpoint", target_path, gguf, outtype=outtype, log=log)
     return summary
 
 
-def copy_rng_state(rng: np.random.Generator) -> dict:
-    import copy
+def default_features_dir(target_path: str | Path, data: str, layers: Sequence[int], regenerate: bool,
+                         turns: str) -> Path:
+    """Where features are cached unless --features says otherwise: the user cache directory
+    ($XDG_CACHE_HOME or ~/.cache)/edge-eagle/features/, one folder per target, data and settings."""
+    import hashlib
+    import os
 
-    return copy.deepcopy(rng.bit_generator.state)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge-eagle" / "features"
+    source = data if data == "sharegpt" else str(Path(data).resolve())
+    key = hashlib.sha256(f"{source}|{list(layers)}|{regenerate}|{turns}".encode()).hexdigest()[:10]
+    stem = Path(data).stem if data != "sharegpt" else "sharegpt"
+    return base / f"{Path(target_path).stem}-{stem}-{'regen' if regenerate else 'text'}-{turns}-{key}"

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..reference import Eagle3Reference
+from ..checks.reference import Eagle3Reference
 
 
 @dataclass
