@@ -221,6 +221,14 @@ class SpecStats:
                 "overhead": round(self.t_overhead, 5),
                 "total": round(self.t_total, 5),
             },
+            # to the microsecond, as llama-server's timings report them (time_s is coarser)
+            "time_ms": {
+                "prefill": round(1000 * self.t_prefill, 3),
+                "verify": round(1000 * self.t_verify, 3),
+                "draft": round(1000 * self.t_draft, 3),
+                "overhead": round(1000 * self.t_overhead, 3),
+                "total": round(1000 * self.t_total, 3),
+            },
             "time_share": {
                 "verify": round(self.t_verify / total, 4),
                 "draft": round(self.t_draft / total, 4),

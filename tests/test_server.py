@@ -213,6 +213,25 @@ def test_a_full_queue_answers_503_with_retry_after_and_a_disconnect_cancels(engi
         s.close()
 
 
+def test_tokenizing_and_the_chat_template_run_off_the_event_loop(served, engine, monkeypatch):
+    threads = {"tokenize": [], "template": []}
+    tokenize, template = engine.target.tokenize, engine.apply_chat_template
+
+    def spy(name, fn):
+        def wrapper(*args, **kwargs):
+            threads[name].append(threading.get_ident())
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(engine.target, "tokenize", spy("tokenize", tokenize))
+    monkeypatch.setattr(engine, "apply_chat_template", spy("template", template))
+    assert served.http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert served.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+    assert len(threads["tokenize"]) >= 2 and threads["template"]
+    loop_thread = served.thread.ident  # uvicorn runs its event loop in this thread
+    assert loop_thread not in threads["tokenize"] + threads["template"]
+
+
 @pytest.mark.smollm
 def test_the_openai_client_talks_to_edge_eagle_serve_on_smollm(tmp_path):
     """The real command in a child process, driven by the official openai client."""

@@ -1,0 +1,121 @@
+"""Serving one generation request: validate it, queue it on the worker, and answer with one
+JSON body or a stream of server-sent events. A client that goes away cancels its job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from sse_starlette.sse import EventSourceResponse
+
+from ..api import Token
+from . import responses
+from .errors import APIError
+from .schemas import Sampling
+from .state import ServerState
+from .worker import Job
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+def check_model(state: ServerState, body: Sampling) -> None:
+    if body.model not in (None, "", state.model_id, "default"):
+        raise APIError(404, f"The model '{body.model}' does not exist here; use '{state.model_id}' "
+                       "(GET /v1/models).", param="model", code="model_not_found")
+
+
+def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> dict[str, Any]:
+    """The engine's generate() options for this request; APIError when the request cannot run."""
+    n_ctx = state.engine.target.n_ctx
+    if not prompt:
+        raise APIError(400, "The prompt is empty; send some text.", param="prompt")
+    if len(prompt) >= n_ctx:
+        raise APIError(400, f"The prompt has {len(prompt)} tokens but the context window holds {n_ctx}; "
+                       "shorten it or start the server with a larger --n-ctx.", code="context_length_exceeded")
+    limit = body.limit()
+    if limit is not None and not 1 <= limit <= n_ctx:
+        raise APIError(400, f"max_tokens must be between 1 and the context window ({n_ctx}), got {limit}.",
+                       param="max_tokens")
+    return dict(max_tokens=limit if limit is not None else n_ctx - len(prompt), temperature=body.temperature,
+                top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k)
+
+
+def figures(state: ServerState, job: Job) -> dict[str, Any]:
+    """`usage`, `edge_eagle` and `timings` for a finished job."""
+    gen = job.generation
+    if gen is None:
+        return responses.unstarted_report(len(job.tokens))
+    return responses.report(gen.stats.to_dict(), len(gen.tokens), state.drafter_name, state.options.k)
+
+
+def job_finish_reason(job: Job) -> str:
+    return responses.finish_reason(job.generation.finish_reason if job.generation else None)
+
+
+async def respond(state: ServerState, request: Request, body: Sampling, prompt: list[int], kind: str) -> Any:
+    """Run `prompt` for a request of `kind` ("chat" or "text"): a response body, or an SSE stream."""
+    check_model(state, body)
+    opts = state.options
+    job = Job(prompt, generate_options(state, body, prompt), asyncio.get_running_loop())
+    if not state.worker.submit(job):
+        raise APIError(503, f"The server is busy ({state.worker.admitted} requests admitted); retry in "
+                       f"{opts.retry_after_s} s.", type_="server_error", code="overloaded",
+                       headers={"Retry-After": str(opts.retry_after_s)})
+    endpoint = request.url.path
+    env = responses.Envelope.new(kind, state.model_id)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return EventSourceResponse(stream(state, job, env, include_usage), ping=15, send_timeout=30)
+    text, error = await collect(request, job)
+    if error is not None:
+        state.metrics.requests.labels(endpoint, "500").inc()
+        raise APIError(500, f"Generation failed: {error}", type_="server_error")
+    state.metrics.requests.labels(endpoint, "200").inc()
+    return responses.completion(env, text, job_finish_reason(job), figures(state, job))
+
+
+async def collect(request: Request, job: Job) -> tuple[str, Exception | None]:
+    """The job's whole text and its error, if any; cancels the job if the client disconnects."""
+    parts: list[str] = []
+    error = None
+    while True:
+        try:
+            kind, value = await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+            continue
+        if kind == "token":
+            parts.append(value.text)
+        elif kind == "error":
+            error = value
+        else:
+            return "".join(parts), error
+
+
+async def stream(state: ServerState, job: Job, env: responses.Envelope, include_usage: bool) -> AsyncIterator[str]:
+    """The SSE data lines of a streamed response, ending with "[DONE]"."""
+    try:
+        if env.kind == "chat":
+            yield json.dumps(responses.role_chunk(env))
+        while True:
+            what, value = await job.events.get()
+            if what == "token":
+                tok: Token = value
+                if tok.text:  # the first bytes of a character, or a textless token: nothing to send
+                    yield json.dumps(responses.token_chunk(env, tok.text, tok.origin))
+            elif what == "error":
+                yield json.dumps(responses.error_body(f"Generation failed: {value}", "server_error"))
+            else:
+                break
+        rep = figures(state, job)
+        yield json.dumps(responses.final_chunk(env, job_finish_reason(job), rep))
+        if include_usage:
+            yield json.dumps(responses.usage_chunk(env, rep))
+        yield "[DONE]"
+    finally:  # the client went away (the task is cancelled) or the stream ended
+        if job.generation is None or job.generation.finish_reason is None:
+            job.cancel()

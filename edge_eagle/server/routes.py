@@ -1,0 +1,62 @@
+"""The endpoints: /health, /metrics, /v1/models, /v1/chat/completions and /v1/completions.
+
+Each route gets its app's ServerState from the get_state dependency. Tokenizing and rendering
+the chat template run in a thread, off the event loop; they only read the vocabulary, so they
+may run while the worker generates."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import EdgeEagleError
+from . import responses
+from .errors import APIError
+from .generation import respond
+from .schemas import ChatRequest, CompletionRequest
+from .state import ServerState, get_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    worker = state.worker
+    return responses.health(state.model_id, worker.running, worker.admitted - worker.running)
+
+
+@router.get("/metrics")
+async def prometheus(state: ServerState = Depends(get_state)) -> Response:
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/models")
+async def models(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    state.metrics.requests.labels("/v1/models", "200").inc()
+    target = state.engine.target
+    return responses.model_list(state.model_id, int(os.path.getmtime(target.path)), state.drafter_name,
+                                state.options.k, target.n_ctx)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatRequest, state: ServerState = Depends(get_state)) -> Any:
+    # OpenAI's newer "developer" role is what chat templates know as "system"
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in body.messages]
+    engine = state.engine
+    try:
+        text = await run_in_threadpool(engine.apply_chat_template, messages)
+    except EdgeEagleError as exc:
+        raise APIError(400, str(exc), param="messages") from None
+    prompt = await run_in_threadpool(engine.target.tokenize, text, add_special=False)
+    return await respond(state, request, body, prompt, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest, state: ServerState = Depends(get_state)) -> Any:
+    prompt = await run_in_threadpool(state.engine.target.tokenize, body.text())
+    return await respond(state, request, body, prompt, "text")

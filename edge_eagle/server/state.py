@@ -1,0 +1,59 @@
+"""The server's options, and the state one app keeps over its engine (the worker, the metrics,
+the model's id), which the routes receive through the get_state dependency."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from ..api import EdgeEagle
+from .metrics import Metrics
+from .responses import finish_reason
+from .worker import Job, Worker
+
+
+@dataclass
+class ServerOptions:
+    api_key: str | None = None
+    max_queue: int = 8  # requests that may wait behind the running one; more get 503
+    cors_origins: tuple[str, ...] = ()
+    k: int | str | None = None  # draft length for every request (None: the engine's)
+    retry_after_s: int = 2
+
+
+class ServerState:
+    """One engine served: its worker thread, the Prometheus metrics, the model's id. The
+    options' k is resolved here (None becomes the engine's)."""
+
+    def __init__(self, engine: EdgeEagle, options: ServerOptions | None = None):
+        opts = options or ServerOptions()
+        if opts.k is None:
+            opts = dataclasses.replace(opts, k=engine.k)
+        self.engine = engine
+        self.options = opts
+        self.metrics = Metrics()
+        self.model_id = os.path.basename(engine.target.path).removesuffix(".gguf")
+        self.drafter_name = engine.drafter.name if engine.drafter is not None else "none"
+        self.worker = Worker(engine, opts.max_queue, on_finish=self._finished, on_change=self._queue_changed)
+
+    def _finished(self, job: Job) -> None:
+        gen = job.generation
+        # Prometheus tells a client that left ("abort") from one that was served
+        reason = "abort" if gen.finish_reason == "cancelled" else finish_reason(gen.finish_reason)
+        self.metrics.record(gen.stats, len(gen.tokens), reason)
+
+    def _queue_changed(self, running: int, waiting: int) -> None:
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(waiting)
+
+    def close(self) -> None:
+        """Stop the worker (after the job it runs); the engine stays open."""
+        self.worker.close()
+
+
+def get_state(request: Request) -> ServerState:
+    """The dependency that gives a route (or an exception handler) its app's state."""
+    return request.app.state.server
