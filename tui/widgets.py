@@ -125,23 +125,25 @@ class StatsPanel(Vertical):
 
     @staticmethod
     def _figures(s: SpecStats) -> str:
-        total = s.t_total or 1.0
-        used = " ".join(f"{kind} {n}" for kind, n in sorted(s.proposers.items()) if n)
-        tree = f"\ntree {s.tree_nodes_mean:.1f} nodes, accepted depth {s.accepted_depth_mean:.2f}" if s.tree_nodes else ""
-        return (f"tau [b]{s.tau:.2f}[/]   {s.tokens_per_second:.1f} tok/s   "
-                f"k now {s.k_last} (mean {s.k_mean:.1f})\n"
-                f"accepted {s.accepted} / drafted {s.drafted}"
-                f" ({100 * s.acceptance_rate:.0f}%)\n"
+        d = s.to_dict()  # the one serialisation of the figures, as --json and the server report them
+        used = " ".join(f"{kind} {n}" for kind, n in sorted(d["proposers"].items()) if n)
+        tree = (f"\ntree {d['tree_nodes_mean']:.1f} nodes, accepted depth {d['accepted_depth_mean']:.2f}"
+                if d["proposers"].get("tree") else "")
+        share = d["time_share"]
+        return (f"tau [b]{d['tau']:.2f}[/]   {d['tokens_per_second']:.1f} tok/s   "
+                f"k now {d['k_last']} (mean {d['k_mean']:.1f})\n"
+                f"accepted {d['accepted']} / drafted {d['drafted']}"
+                f" ({100 * d['acceptance_rate']:.0f}%)\n"
                 f"steps: {used or '-'}{tree}\n"
-                f"time: verify {100 * s.t_verify / total:.0f}%  draft {100 * s.t_draft / total:.0f}%"
-                f"  overhead {100 * s.t_overhead / total:.0f}%")
+                f"time: verify {100 * share['verify']:.0f}%  draft {100 * share['draft']:.0f}%"
+                f"  overhead {100 * share['overhead']:.0f}%")
 
     def show_message(self, stats: SpecStats) -> None:
         self.query_one("#message", Static).update(self._figures(stats))
 
     def show_session(self, stats: SpecStats, speeds: list[float]) -> None:
         self.query_one("#session", Static).update(self._figures(stats))
-        rates = stats.per_position_acceptance
+        rates = stats.to_dict()["per_position_acceptance"]
         lines = [f"{i + 1:>2} {bar(r)} {100 * r:3.0f}%" for i, r in enumerate(rates)] or ["(no drafts yet)"]
         if stats.accepted_rank_at:  # trees: which candidate of its depth the accepted node was
             lines.append("tree: accepted candidate's rank")
