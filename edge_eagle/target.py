@@ -1,12 +1,6 @@
-"""The target model: a llama.cpp context that decodes batches and captures the inputs of
-the drafter's three target layers for every token of each decode.
-
-Two capture paths, picked automatically from the GGUF architecture:
-- "layer_inp": llama.cpp's staging API (llama_set/get_embeddings_layer_inp), for graphs
-  that export layer inputs (gguf_keys.LAYER_INPUT_ARCHS);
-- "callback": the scheduler's eval callback, copying tensor ``l_out-(il-1)`` (the output
-  of layer il-1 is the input of layer il); works on any graph, costs ~1 µs per node.
-"""
+"""The target model: a llama.cpp context that decodes batches (a chain, several independent
+sequences, or a token tree in one batch) and captures the inputs of the drafter's three target
+layers for every token of each decode (capture.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +12,13 @@ from typing import Any, Sequence
 import numpy as np
 from llama_cpp import llama_cpp as C
 
-from . import _bindings as B
 from . import gguf_keys as K
 from ._llama import float_view, free_context, free_model, load_model, n_threads_default, new_context
+from .capture import FeatureCapture
 from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
 from .kv import Memory
 from .proposal import Proposal
-
 
 MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
 
@@ -57,9 +50,18 @@ class DecodeResult:
             self._parts = None
         return self._features
 
-    def feature_rows(self, rows: slice | list[int]) -> np.ndarray | None:
-        if self._features is not None or self._parts is None:
-            return None if self._features is None else self._features[rows]
+    def require_features(self) -> np.ndarray:
+        """features, or RuntimeError when this decode captured none (a bug in the caller)."""
+        features = self.features
+        if features is None:
+            raise RuntimeError("this decode captured no features; set_capture() the drafter's layers first")
+        return features
+
+    def feature_rows(self, rows: slice | list[int]) -> np.ndarray:
+        if self._features is not None:
+            return self._features[rows]
+        if self._parts is None:
+            raise RuntimeError("this decode captured no features; set_capture() the drafter's layers first")
         self._check()
         return np.concatenate([p[rows] for p in self._parts], axis=1)
 
@@ -90,9 +92,7 @@ class Target:
         train_ctx = int(self.gguf.get(K.CONTEXT_LENGTH, n_ctx) or n_ctx)
         self.n_ctx = min(n_ctx, train_ctx) if n_ctx > 0 else train_ctx
         self.n_batch = n_batch
-        self.capture_layers: tuple[int, ...] = ()
-        self._captured: dict[str, list[np.ndarray]] = {}
-        self._cb_keepalive: Any = None
+        self.capture = FeatureCapture(self.capture_path, self.n_layer, self.n_embd)
         self._epoch = 0  # counts decodes: a DecodeResult's feature views hold until the next one
         threads = n_threads or n_threads_default()
 
@@ -110,10 +110,10 @@ class Target:
         fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
                                       n_threads=threads, n_threads_batch=threads, no_perf=True,
                                       n_seq_max=seq_max, kv_unified=self.tree_paths > 0)
-        if self.capture_path == "callback":
-            self._cb_keepalive = B.eval_callback_type(self._eval_callback)
-            fields["cb_eval"] = self._cb_keepalive
+        if self.capture.callback is not None:
+            fields["cb_eval"] = self.capture.callback
         self.ctx = new_context(self.model, os.path.basename(self.path), **fields)
+        self.capture.attach(self.ctx)
         self.memory = Memory(self.ctx)
         self._batch = C.llama_batch_init(n_batch, 0, 1 + self.tree_paths)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -148,54 +148,13 @@ class Target:
 
     # --- capture -----------------------------------------------------------------------
 
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return self.capture.layers
+
     def set_capture(self, layer_ids: Sequence[int]) -> None:
         """Capture the inputs of these layers on every later decode (empty: capture nothing)."""
-        layer_ids = tuple(int(i) for i in layer_ids)
-        for lid in layer_ids:
-            if not 0 <= lid < self.n_layer:
-                raise EdgeEagleError(f"Layer {lid} is outside the target's {self.n_layer} layers; "
-                                     "use a drafter made for this target.")
-            if self.capture_path == "callback" and lid == 0:
-                raise EdgeEagleError("The eval-callback capture path cannot capture layer 0; "
-                                     "use a drafter whose target layers start at 1 or later.")
-        if self.capture_path == "layer_inp":
-            for lid in self.capture_layers:
-                B.llama_set_embeddings_layer_inp(self.ctx, lid, False)
-            for lid in layer_ids:
-                B.llama_set_embeddings_layer_inp(self.ctx, lid, True)
-        self.capture_layers = layer_ids
-        self._wanted = {f"l_out-{lid - 1}".encode(): lid for lid in layer_ids}
-        self._captured = {}
-
-    def _eval_callback(self, t: int, ask: bool, user_data: int) -> bool:
-        tensor = ctypes.cast(t, ctypes.POINTER(B.ggml_tensor)).contents
-        if ask:
-            return tensor.name in self._wanted
-        if tensor.name in self._wanted and tensor.type == 0:  # GGML_TYPE_F32
-            ne0, ne1 = tensor.ne[0], tensor.ne[1]
-            out = np.empty((ne1, ne0), dtype=np.float32)
-            B.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
-            self._captured.setdefault(tensor.name, []).append(out)
-        return True
-
-    def _features(self, n_tokens: int) -> list[np.ndarray] | None:
-        """The captured layer inputs of the last decode, one [n_tokens, n_embd] array per layer
-        (views of llama.cpp's buffers on the layer_inp path)."""
-        if not self.capture_layers:
-            return None
-        if self.capture_path == "layer_inp":
-            parts = [float_view(B.llama_get_embeddings_layer_inp(self.ctx, lid), n_tokens, self.n_embd)
-                     for lid in self.capture_layers]
-        else:
-            parts = []
-            for name, lid in self._wanted.items():
-                chunks = self._captured.pop(name, [])
-                got = np.concatenate(chunks) if chunks else np.empty((0, self.n_embd), np.float32)
-                if got.shape != (n_tokens, self.n_embd):
-                    raise RuntimeError(f"eval callback captured {got.shape} for layer {lid}, expected "
-                                       f"{(n_tokens, self.n_embd)}")
-                parts.append(got)
-        return parts
+        self.capture.set(layer_ids)
 
     # --- decoding ----------------------------------------------------------------------
 
@@ -233,7 +192,7 @@ class Target:
         if rc != 0:
             raise EdgeEagleError(f"llama_decode failed with code {rc}; the context may be full, start a new chat.")
         rows = float_view(C.llama_get_logits(self.ctx), n_out, self.n_vocab)
-        return DecodeResult(rows, parts=self._features(n), owner=self)
+        return DecodeResult(rows, parts=self.capture.parts(n), owner=self)
 
     def decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> DecodeResult:
         """One token for each of several sequences in one batch, logits for every row.

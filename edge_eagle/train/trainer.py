@@ -8,16 +8,16 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .. import gguf_keys as K
+from ..checks.reference import Eagle3Config, Eagle3Reference
 from ..errors import EdgeEagleError
 from ..fsutil import atomic_path, atomic_write
 from ..gguf_file import GGUFFile, read_gguf
-from ..checks.reference import Eagle3Config, Eagle3Reference
 from ..tensors import BY_REF
 from .extract import MANIFEST
 from .ttt import FeatureData, ttt_loss
@@ -228,7 +228,7 @@ def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, 
     from .ttt import ttt_states
 
     model.eval()
-    total_len, seeds = 0.0, 0
+    seeds = 0
     accepted_at = np.zeros(steps)
     with torch.no_grad():
         for batch in data.batches(batch_rows, np.random.default_rng(0)):
@@ -248,7 +248,8 @@ def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, 
     model.train()
     if not seeds:
         return {"tau": 0.0, "per_position_acceptance": [], "seeds": 0}
-    per_pos = [accepted_at[s] / seeds if s == 0 else (accepted_at[s] / accepted_at[s - 1] if accepted_at[s - 1] else 0.0)
+    per_pos = [accepted_at[s] / seeds if s == 0 else
+               (accepted_at[s] / accepted_at[s - 1] if accepted_at[s - 1] else 0.0)
                for s in range(steps)]
     return {"tau": round(1.0 + float(accepted_at.sum()) / seeds, 4),
             "per_position_acceptance": [round(float(x), 4) for x in per_pos], "seeds": seeds}
@@ -284,22 +285,26 @@ def cap_shards(shards: list[Path], max_tokens: int | None, total_tokens: int) ->
     return kept, total
 
 
-def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
-          log=print, resume: bool = False, extra_features: tuple[Path, ...] = (),
-          eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Train a drafter on cached features and save it to `out` (speculators layout).
+@dataclass
+class _TrainingData:
+    """What a training run reads: the feature folders, their layers, the shards within the token
+    budget, the draft vocabulary, and the held-out and evaluation sets."""
 
-    Every opts.save_every steps the whole training state goes to out/train_state.pt; with
-    resume, training continues from there (same model, optimizer, schedule and position in
-    the data), so a run can be stopped and continued. Every opts.eval_every steps the
-    simulated acceptance on a held-out slice, and on each feature folder of eval_sets
-    (name -> folder, e.g. MT-bench answers never trained on), is printed and kept in the history.
-    extra_features are further feature folders trained on with features_dir (same layers)."""
-    target = read_gguf(target_path)
+    dirs: list[Path]
+    layers: tuple[int, int, int]
+    features_tokens: int
+    d2t: np.ndarray
+    data: FeatureData
+    evals: dict[str, FeatureData]
+    heldout: FeatureData | None
+
+
+def _training_data(features_dir: Path, extra_features: tuple[Path, ...], target: GGUFFile, opts: TrainOptions,
+                   eval_sets: dict[str, Path] | None) -> _TrainingData:
     dirs = [features_dir, *extra_features]
     manifests = [read_manifest(d, target) for d in dirs]
-    manifest = manifests[0]
-    layers = tuple(manifest["layers"])
+    first = [int(i) for i in manifests[0]["layers"]]
+    layers = (first[0], first[1], first[2])
     for d, m in zip(dirs[1:], manifests[1:]):
         if tuple(m["layers"]) != layers:
             raise EdgeEagleError(f"{d} captured target layers {m['layers']}, not {list(layers)}; "
@@ -316,107 +321,155 @@ def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, 
              for name, d in (eval_sets or {}).items()
              for m in [read_manifest(d, target, layers)]}
     heldout = data.split(opts.heldout) if opts.eval_every and opts.heldout else None
-    model = init_model(target, layers, d2t, opts).to(opts.device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup) *
-                                              0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps))))
-    rng = np.random.default_rng(opts.seed)
-    history: list[dict[str, Any]] = []
-    step, epoch, skip, wall_before = 0, 0, 0, 0.0
-    state_path = out / STATE
+    return _TrainingData(dirs, layers, features_tokens, d2t, data, evals, heldout)
+
+
+class _Run:
+    """A training run's state: model, optimizer, schedule, data order and history; saved whole
+    every opts.save_every steps and restored by resume."""
+
+    def __init__(self, model: Eagle3Reference, opts: TrainOptions, td: _TrainingData, state_path: Path):
+        self.model, self.opts, self.td, self.state_path = model, opts, td, state_path
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(self.params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+        def lr_scale(i: int) -> float:  # linear warm-up, then a cosine to 0 at opts.steps
+            return min(1.0, (i + 1) / opts.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps)))
+
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lr_scale)
+        self.rng = np.random.default_rng(opts.seed)
+        self.history: list[dict[str, Any]] = []
+        self.step, self.epoch, self.skip, self.wall_before = 0, 0, 0, 0.0
+        self.t0 = time.time()
+
+    def resume(self, log: Callable[[str], Any]) -> None:
+        if not self.state_path.is_file():
+            raise EdgeEagleError(f"{self.state_path} does not exist, so there is nothing to resume; run without "
+                                 "--resume.")
+        state = torch.load(self.state_path, map_location=self.opts.device, weights_only=False)
+        if state["d2t"] != self.td.d2t.tolist() or state["features_tokens"] != self.td.features_tokens:
+            raise EdgeEagleError(f"{self.state_path} was trained on other features or another draft vocabulary; "
+                                 "resume with the same --features and --draft-vocab, or start a new --out.")
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.sched.load_state_dict(state["sched"])
+        self.step, self.epoch, self.skip = state["step"], state["epoch"] - 1, state["batches_in_epoch"]
+        self.rng.bit_generator.state = state["rng_epoch_start"]
+        self.history, self.wall_before = state["history"], state["wall_time_s"]
+        log(f"resuming at step {self.step} of {self.opts.steps} (epoch {self.epoch + 1})")
+
+    def wall(self) -> float:
+        return self.wall_before + time.time() - self.t0
+
+    def save(self, batches_in_epoch: int, rng_epoch_start: dict) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"model": self.model.state_dict(), "optim": self.optim.state_dict(),
+                 "sched": self.sched.state_dict(), "step": self.step, "epoch": self.epoch,
+                 "batches_in_epoch": batches_in_epoch, "rng_epoch_start": rng_epoch_start,
+                 "history": self.history, "d2t": self.td.d2t.tolist(), "features_tokens": self.td.features_tokens,
+                 "wall_time_s": self.wall(), "options": asdict(self.opts)}
+        with atomic_path(self.state_path) as tmp:
+            torch.save(state, tmp)
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """One optimizer step on a batch; its history record."""
+        opts = self.opts
+        batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
+        loss, losses, accs = ttt_loss(self.model, batch, opts.ttt_steps, opts.step_decay)
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, opts.grad_clip)
+        self.optim.step()
+        self.sched.step()
+        self.step += 1
+        return {"step": self.step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
+
+
+def _postfix(record: dict[str, Any], last_eval: dict[str, Any] | None, last_sets: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's figures after a step."""
+    post = {"loss": f"{record['loss']:.3f}", "top1": f"{record['top1'][0]:.2f}",
+            "top1_last": f"{record['top1'][-1]:.2f}"}
+    if last_eval is not None:
+        post["sim_tau"] = f"{last_eval['tau']:.3f}"
+    for name, ev in last_sets.items():
+        post[f"tau_{name}"] = f"{ev['tau']:.3f}"
+    return post
+
+
+def train(features_dir: Path, target_path: Path, out: Path, opts: TrainOptions, progress: bool = True,
+          log=print, resume: bool = False, extra_features: tuple[Path, ...] = (),
+          eval_sets: dict[str, Path] | None = None) -> dict[str, Any]:
+    """Train a drafter on cached features and save it to `out` (speculators layout).
+
+    Every opts.save_every steps the whole training state goes to out/train_state.pt; with
+    resume, training continues from there (same model, optimizer, schedule and position in
+    the data), so a run can be stopped and continued. Every opts.eval_every steps the
+    simulated acceptance on a held-out slice, and on each feature folder of eval_sets
+    (name -> folder, e.g. MT-bench answers never trained on), is printed and kept in the history.
+    extra_features are further feature folders trained on with features_dir (same layers)."""
+    target = read_gguf(target_path)
+    td = _training_data(features_dir, extra_features, target, opts, eval_sets)
+    run = _Run(init_model(target, td.layers, td.d2t, opts).to(opts.device), opts, td, out / STATE)
     if resume:
-        if not state_path.is_file():
-            raise EdgeEagleError(f"{state_path} does not exist, so there is nothing to resume; run without --resume.")
-        state = torch.load(state_path, map_location=opts.device, weights_only=False)
-        if state["d2t"] != d2t.tolist() or state["features_tokens"] != features_tokens:
-            raise EdgeEagleError(f"{state_path} was trained on other features or another draft vocabulary; resume "
-                                 "with the same --features and --draft-vocab, or start a new --out.")
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        sched.load_state_dict(state["sched"])
-        step, epoch, skip = state["step"], state["epoch"] - 1, state["batches_in_epoch"]
-        rng.bit_generator.state = state["rng_epoch_start"]
-        history, wall_before = state["history"], state["wall_time_s"]
-        log(f"resuming at step {step} of {opts.steps} (epoch {epoch + 1})")
+        run.resume(log)
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=opts.steps, initial=min(step, opts.steps), desc="train", unit="step")
-    t0 = time.time()
+        bar = tqdm(total=opts.steps, initial=min(run.step, opts.steps), desc="train", unit="step")
     last_eval: dict[str, Any] | None = None
     last_sets: dict[str, Any] = {}
-
-    def save_state(batches_in_epoch: int, rng_epoch_start: dict) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        state = {"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
-                 "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                 "rng_epoch_start": rng_epoch_start, "history": history, "d2t": d2t.tolist(),
-                 "features_tokens": features_tokens, "wall_time_s": wall_before + time.time() - t0,
-                 "options": asdict(opts)}
-        with atomic_path(state_path) as tmp:
-            torch.save(state, tmp)
-
-    while step < opts.steps:
-        epoch += 1
-        rng_epoch_start = copy_rng_state(rng)
-        for n_batch, batch in enumerate(data.batches(opts.batch_rows, rng), 1):
-            if skip:  # resuming inside an epoch: its first batches were already trained on
-                skip -= 1
+    while run.step < opts.steps:
+        run.epoch += 1
+        rng_epoch_start = copy_rng_state(run.rng)
+        for n_batch, batch in enumerate(td.data.batches(opts.batch_rows, run.rng), 1):
+            if run.skip:  # resuming inside an epoch: its first batches were already trained on
+                run.skip -= 1
                 continue
-            batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
-            loss, losses, accs = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
-            optim.step()
-            sched.step()
-            step += 1
-            record: dict[str, Any] = {"step": step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
+            record = run.train_step(batch)
+            step = run.step
             if opts.eval_every and (step % opts.eval_every == 0 or step == opts.steps):
-                if heldout is not None:
-                    last_eval = simulated_acceptance(model, heldout, opts.ttt_steps)
+                if td.heldout is not None:
+                    last_eval = simulated_acceptance(run.model, td.heldout, opts.ttt_steps)
                     record["heldout"] = last_eval
-                if evals:
-                    last_sets = {name: simulated_acceptance(model, d, opts.ttt_steps) for name, d in evals.items()}
+                if td.evals:
+                    last_sets = {name: simulated_acceptance(run.model, d, opts.ttt_steps)
+                                 for name, d in td.evals.items()}
                     record["eval"] = last_sets
-            history.append(record)
+            run.history.append(record)
             if bar is not None:
-                post = {"loss": f"{float(loss.detach()):.3f}", "top1": f"{accs[0]:.2f}",
-                        "top1_last": f"{accs[-1]:.2f}"}
-                if last_eval is not None:
-                    post["sim_tau"] = f"{last_eval['tau']:.3f}"
-                for name, ev in last_sets.items():
-                    post[f"tau_{name}"] = f"{ev['tau']:.3f}"
-                bar.set_postfix(post)
+                bar.set_postfix(_postfix(record, last_eval, last_sets))
                 bar.update(1)
             if opts.save_every and (step % opts.save_every == 0 or step >= opts.steps):
-                save_state(n_batch, rng_epoch_start)
+                run.save(n_batch, rng_epoch_start)
             if step >= opts.steps:
                 break
     if bar is not None:
         bar.close()
-    wall = wall_before + time.time() - t0
+    summary = _summary(run, target, last_eval, last_sets)
+    run.model.cpu()
+    save_checkpoint(run.model, out, target, summary, hf_target=opts.hf_target)
+    atomic_write(out / "train_history.json", json.dumps(run.history))
+    return summary
+
+
+def _summary(run: _Run, target: GGUFFile, last_eval: dict[str, Any] | None,
+             last_sets: dict[str, Any]) -> dict[str, Any]:
+    opts, td, history = run.opts, run.td, run.history
     tail = history[-max(1, len(history) // 10):]
-    summary = {
-        "steps": step, "epochs": epoch, "wall_time_s": round(wall, 1), "train_rows": data.n_rows,
-        "feature_tokens": features_tokens, "feature_dirs": [str(d) for d in dirs], "draft_vocab": len(d2t),
+    full = [h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps]
+    return {
+        "steps": run.step, "epochs": run.epoch, "wall_time_s": round(run.wall(), 1), "train_rows": td.data.n_rows,
+        "feature_tokens": td.features_tokens, "feature_dirs": [str(d) for d in td.dirs], "draft_vocab": len(td.d2t),
         "options": asdict(opts),
         "final_loss": float(np.mean([h["loss"] for h in tail])),
-        "final_top1_per_step": np.mean([h["top1"] for h in tail if len(h["top1"]) == opts.ttt_steps], 0).round(4).tolist()
-        if any(len(h["top1"]) == opts.ttt_steps for h in tail) else [],
+        "final_top1_per_step": np.mean(full, 0).round(4).tolist() if full else [],
         "heldout": last_eval,
         "eval": last_sets,
-        "target": target.path.name, "layers": list(layers),
+        "target": target.path.name, "layers": list(td.layers),
     }
-    model.cpu()
-    save_checkpoint(model, out, target, summary, hf_target=opts.hf_target)
-    atomic_write(out / "train_history.json", json.dumps(history))
-    return summary
 
 
 def copy_rng_state(rng: np.random.Generator) -> dict:
     import copy
 
-    return copy.deepcopy(rng.bit_generator.state)
+    return copy.deepcopy(dict(rng.bit_generator.state))
