@@ -23,7 +23,10 @@ upstream: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/edge-eagle generate "$(PROMPT)"
 
+# lint and types first (seconds), then the tests
 test: $(VENV)/.installed upstream
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 .PHONY: install upstream run test

@@ -61,9 +61,9 @@ def _layer_ids(layout: L.Layout, config: Mapping[str, Any], n_layer: int, notes:
         if outputs:
             notes.append(f"aux layer ids {ids} from {'.'.join(path)} use the output-of-layer convention "
                          f"(SpecForge); stored as layer-input ids {[i + 1 for i in ids]}")
-            return tuple(i + 1 for i in ids)  # type: ignore[return-value]
+            return (ids[0] + 1, ids[1] + 1, ids[2] + 1)
         notes.append(f"aux layer ids {ids} from {'.'.join(path)} taken as layer-input ids")
-        return tuple(ids)  # type: ignore[return-value]
+        return (ids[0], ids[1], ids[2])
     ids = (2, n_layer // 2, n_layer - 3)
     notes.append(f"no aux layer ids in config.json: using the EAGLE-3 default {list(ids)} for {n_layer} layers")
     return ids
@@ -141,7 +141,8 @@ def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.n
         if not isinstance(nested, Mapping):
             raise _err(f"config.json lacks '{layout.arch_config}', which the {layout.name} layout needs.")
         cfg = {**nested, **{k: v for k, v in cfg.items() if k != layout.arch_config}}
-    eagle_cfg = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), Mapping) else {}
+    nested_eagle = cfg.get("eagle_config")
+    eagle_cfg: Mapping[str, Any] = nested_eagle if isinstance(nested_eagle, Mapping) else {}
     t_embd, t_layers = int(target.require(K.EMBEDDING_LENGTH)), int(target.require(K.BLOCK_COUNT))
     try:
         hidden = int(cfg["hidden_size"])
@@ -151,7 +152,8 @@ def _build_config(ckpt: Checkpoint, layout: L.Layout, tensors: Mapping[str, np.n
         raise _err("config.json lacks hidden_size, num_attention_heads or intermediate_size; "
                    "it is not an EAGLE-3 drafter config.") from None
     head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
-    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    nested_rope = cfg.get("rope_parameters")
+    rope_params: Mapping[str, Any] = nested_rope if isinstance(nested_rope, Mapping) else {}
     rope_theta = float(_first(cfg, "rope_theta", default=_first(rope_params, "rope_theta", default=0.0)) or
                        target.get(K.ROPE_FREQ_BASE, 10000.0))
     scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type") not in (None, "default")
@@ -259,7 +261,7 @@ def read_drafter(src: str | os.PathLike[str], target: str | os.PathLike[str], *,
     layout = L.BY_NAME[fmt] if fmt else L.detect(names, ckpt.config)
     if layout is None:
         found = sorted({n.split(".")[0] + ("." + n.split(".")[1] if n.count(".") > 1 else "") for n in names})[:6]
-        expected = ", ".join(sorted({f"{l.tensor_mark}* ({l.name})" for l in L.LAYOUTS}))
+        expected = ", ".join(sorted({f"{lay.tensor_mark}* ({lay.name})" for lay in L.LAYOUTS}))
         raise _err(f"Unknown checkpoint layout: found tensors {found}, expected one of {expected}; "
                    "pass --format to choose one.")
     notes: list[str] = []

@@ -17,10 +17,10 @@ from gguf.quants import quantize
 
 from edge_eagle import gguf_keys as K
 from edge_eagle import tensors as T
+from edge_eagle.checks.reference import Eagle3Config
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.fsutil import atomic_path
 from edge_eagle.gguf_file import GGUFFile
-from edge_eagle.checks.reference import Eagle3Config
 
 CONVERTER_VERSION = "edge-eagle-convert/0.1.0"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-
 _IDS = ("eagle_aux_hidden_state_layer_ids",)
 
 

@@ -118,7 +118,8 @@ def load_checkpoint(src: str | os.PathLike[str], revision: str | None = None) ->
                 raise EdgeEagleError(f"{index} is not a valid shard index; re-download the checkpoint.") from None
             missing = [f.name for f in files if not f.is_file()]
             if missing:
-                raise EdgeEagleError(f"Shard {missing[0]} named by {index_name} is missing; re-download the checkpoint.")
+                raise EdgeEagleError(f"Shard {missing[0]} named by {index_name} is missing; "
+                                     "re-download the checkpoint.")
             return Checkpoint(os.fspath(src), revision, directory, config, loader(files))
     st_files = sorted(directory.glob("*.safetensors"))
     if st_files:

@@ -120,11 +120,11 @@ def _interpret(pkl: bytes) -> Any:
         elif name in ("NEWTRUE", "NEWFALSE"):
             stack.append(name == "NEWTRUE")
         elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-            memo[int(arg)] = stack[-1]
+            memo[int(arg or 0)] = stack[-1]
         elif name == "MEMOIZE":
             memo[len(memo)] = stack[-1]
         elif name in ("BINGET", "LONG_BINGET", "GET"):
-            stack.append(memo[int(arg)])
+            stack.append(memo[int(arg or 0)])
         elif name == "GLOBAL":
             module, _, gname = str(arg).partition(" ")
             stack.append(_global(module, gname))
@@ -137,9 +137,7 @@ def _interpret(pkl: bytes) -> Any:
             n = int(name[-1])
             if len(stack) < n:
                 raise ValueError("underflows its stack")
-            items = tuple(stack[-n:])
-            del stack[-n:]
-            stack.append(items)
+            stack[-n:] = [tuple(stack[-n:])]
         elif name in ("SETITEM", "SETITEMS"):
             items = [stack.pop(), stack.pop()][::-1] if name == "SETITEM" else _pop_mark(stack)
             target = stack[-1]
@@ -218,5 +216,6 @@ def load_torch_zip(path: str | Path) -> dict[str, np.ndarray]:
                              "convert it to safetensors.") from None
     except (ValueError, KeyError, IndexError, TypeError, EOFError, OSError, UnicodeDecodeError, OverflowError,
             MemoryError, NotImplementedError) as e:
-        raise EdgeEagleError(f"{path.name} is not a plain PyTorch state dict (it {_show(str(e), 120)}); re-download it or "
+        raise EdgeEagleError(f"{path.name} is not a plain PyTorch state dict (it {_show(str(e), 120)}); "
+                             "re-download it or "
                              "convert it to safetensors.") from None

@@ -5,8 +5,8 @@ __version__ = "0.1.0"
 from ._llama import live_handles  # noqa: E402
 from .api import EdgeEagle, Generation, Token  # noqa: E402
 from .drafter import Drafter, NgramDrafter  # noqa: E402
-from .proposal import Proposal  # noqa: E402
 from .errors import EdgeEagleError  # noqa: E402
+from .proposal import Proposal  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 from .stats import SpecStats  # noqa: E402
 

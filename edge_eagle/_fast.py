@@ -16,7 +16,7 @@ import importlib
 import importlib.machinery
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from llama_cpp import llama_cpp as C
@@ -31,11 +31,11 @@ _i32, _f32, _vp = ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
 class Api(ctypes.Structure):
     """Mirror of ee_api in _fastpath.c."""
 
-    _fields_ = [(name, _vp) for name in (
+    _fields_: ClassVar[list[tuple[str, Any]]] = [(name, _vp) for name in (
         "batch_clear", "batch_add_token", "batch_add_embd", "batch_set_embd_token", "batch_set_output_logits",
         "batch_set_pos", "process", "get_logits_ith", "get_embd_nextn", "get_embd_nextn_ith", "decode", "get_logits",
-        "get_layer_inp", "memory_seq_rm", "memory_clear")] + [
-        ("encode_type", _i32), ("decode_type", _i32), ("timing", _i32), ("native_s", ctypes.c_double)]
+        "get_layer_inp", "memory_seq_rm", "memory_clear")]
+    _fields_ += [("encode_type", _i32), ("decode_type", _i32), ("timing", _i32), ("native_s", ctypes.c_double)]
 
 
 class Target(ctypes.Structure):
@@ -230,7 +230,8 @@ def status() -> str:
     lib = _load()
     if lib is None:
         return "unavailable: " + (_why_not[0] if _why_not else "unknown")
-    kind = "CPython functions" if lib.cycle != lib.ctypes_cycle else "ctypes entry points (built without Python's headers)"
+    kind = ("CPython functions" if lib.cycle != lib.ctypes_cycle
+            else "ctypes entry points (built without Python's headers)")
     return f"on ({kind}, argmax {lib.argmax_lanes()} lanes)"
 
 

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from . import defaults
 from .controller import KController
 from .costs import CostModel, measure_batch_costs
 from .drafter import NO_DRAFTER, Drafter, NgramDrafter
@@ -29,7 +30,6 @@ from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
 from .target import Target
-from . import defaults
 
 AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
 

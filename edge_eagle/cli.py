@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import gguf_keys as K
@@ -132,7 +133,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_sets(specs: list[str]) -> dict[str, "Path"]:
+def _eval_sets(specs: list[str]) -> dict[str, Path]:
     """NAME=DIR (or DIR, named after the folder) -> {name: folder}."""
     from pathlib import Path
 

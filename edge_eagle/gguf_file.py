@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGUFValueType as V
 
 from . import gguf_keys as K
 from .errors import ModelFileError
 
 _MAGIC = b"GGUF"
-_SCALARS = {  # gguf value type -> struct format
+_SCALARS: dict[int, str] = {  # gguf value type -> struct format
     V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
     V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d",
 }
-_NP_SCALARS = {
+_NP_SCALARS: dict[int, type] = {
     V.UINT8: np.uint8, V.INT8: np.int8, V.UINT16: np.uint16, V.INT16: np.int16, V.UINT32: np.uint32,
     V.INT32: np.int32, V.FLOAT32: np.float32, V.BOOL: np.bool_, V.UINT64: np.uint64, V.INT64: np.int64,
     V.FLOAT64: np.float64,
@@ -75,7 +76,8 @@ class GGUFFile:
     def require(self, key: str) -> Any:
         full = key.format(arch=self.arch)
         if full not in self.meta:
-            raise ModelFileError(f"{self.path.name} lacks the GGUF key '{full}'; re-create it with `edge-eagle convert`.")
+            raise ModelFileError(f"{self.path.name} lacks the GGUF key '{full}'; "
+                                 "re-create it with `edge-eagle convert`.")
         return self.meta[full]
 
     @property
@@ -87,7 +89,8 @@ class GGUFFile:
 
     def vocab_fingerprint(self) -> str:
         """sha256 over the raw bytes of the token list: equal lists, equal fingerprints."""
-        return self._raw.get(K.TOKENS, b"") and hashlib.sha256(self._raw[K.TOKENS]).hexdigest()
+        tokens = self._raw.get(K.TOKENS)
+        return hashlib.sha256(tokens).hexdigest() if tokens else ""
 
     def value(self, key: str) -> Any:
         """A metadata value with big string arrays read out of the file."""
@@ -252,7 +255,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         start = data_start + offset
         if start + nbytes > size:
             raise ModelFileError(
-                f"{path.name} is truncated (tensor '{name}' ends past the end of the file); re-download or re-convert it.")
+                f"{path.name} is truncated (tensor '{name}' ends past the end of the file); "
+                "re-download or re-convert it.")
         if name in tensors:
             raise ModelFileError(f"{path.name} has tensor '{name}' twice; re-convert it.")
         tensors[name] = TensorInfo(name, shape, qtype, start, nbytes)

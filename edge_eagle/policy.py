@@ -85,7 +85,7 @@ class Fixed(DraftPolicy):
             raise ValueError("a draft length is 0 or more")
         self.k = k
 
-    def choose(self) -> int:
+    def choose(self) -> int | Plan:
         return self.k
 
     def features_needed_soon(self) -> bool:

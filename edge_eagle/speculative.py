@@ -86,7 +86,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     stats.prompt_cached = start
     t_start = perf_counter()
     if drafter.needs_features:
-        drafter.ingest(res.features, start, prompt[start:])
+        drafter.ingest(res.require_features(), start, prompt[start:])
     stats.t_draft += perf_counter() - t_start
     stats.t_total = perf_counter() - t_start
     seq, n_past, produced = list(prompt) + [first], len(prompt), 1

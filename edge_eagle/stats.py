@@ -15,7 +15,6 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-
 K_HISTORY_KEEP = 1024  # k_history keeps at least the last this many steps, at most twice as many
 
 

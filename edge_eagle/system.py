@@ -43,7 +43,8 @@ def repack_mode(requested: str | None = None) -> str:
     """The repack mode in force: the argument, else $EDGE_EAGLE_REPACK, else auto."""
     mode = (requested if requested is not None else os.environ.get(REPACK_ENV, "auto")).strip().lower() or "auto"
     if mode not in REPACK_MODES:
-        raise EdgeEagleError(f"Unknown repack mode '{mode}' (from {'repack=' if requested is not None else REPACK_ENV}); "
+        source = "repack=" if requested is not None else REPACK_ENV
+        raise EdgeEagleError(f"Unknown repack mode '{mode}' (from {source}); "
                              "use auto, on or off.")
     return mode
 

@@ -14,7 +14,6 @@ target samples the same token (sample-and-match, what upstream does).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import Drafter, EdgeEagle, SpecStats  # noqa: E402
-from edge_eagle.fsutil import atomic_write  # noqa: E402
+from edge_eagle.fsutil import emit_report  # noqa: E402
 from scripts.eval_drafter import mtbench_first_turns  # noqa: E402
 
 
@@ -91,9 +90,7 @@ def main() -> int:
             for name, r in ratios.items():
                 out[name] = {"speedup_median": round(statistics.median(r), 3), "min": round(min(r), 3),
                              "max": round(max(r), 3), "prompts": len(r)}
-    if args.json:
-        atomic_write(args.json, json.dumps(out, indent=2))
-    print(json.dumps(out, indent=2))
+    emit_report(out, args.json)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle.defaults import default_target  # noqa: E402
-from edge_eagle.fsutil import atomic_write  # noqa: E402
+from edge_eagle.fsutil import emit_report  # noqa: E402
 from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 from edge_eagle.target import Target  # noqa: E402
@@ -88,9 +87,7 @@ def main() -> int:
               "ratio_to_parallel_%d" % base: {str(p): spread(a / b for a, b in zip(v, rates[base]))
                                               for p, v in rates.items()},
               "c_n": {str(n): round(batch_cost(n) / one, 2) for n in (2, 4, 8, 16)}}
-    print(json.dumps(report, indent=1))
-    if args.json:
-        atomic_write(args.json, json.dumps(report, indent=1))
+    emit_report(report, args.json, indent=1)
     return 0
 
 

@@ -15,9 +15,10 @@ the whole generation loop (SpecStats.t_total, which excludes the consumer); over
 native, reported in microseconds per cycle and as a share. --fastpath off|on|both runs the
 loop without / with the native fast path (edge_eagle/_fastpath.c), interleaved. The --json output has a top-level
 `overhead_us_per_cycle` keyed by k (medians). The projection carries the measured overhead
-into the cost model for memory-bound hardware at target step times of 2, 8 and 30 ms. Without --drafter it writes an untrained EAGLE-3.1 drafter sized for the target
-(the trainer's initialisation; p_min 0, so every cycle runs the full k-step chain). Prompts run
-interleaved over rounds; medians and spread are reported.
+into the cost model for memory-bound hardware at target step times of 2, 8 and 30 ms. Without
+--drafter it writes an untrained EAGLE-3.1 drafter sized for the target (the trainer's
+initialisation; p_min 0, so every cycle runs the full k-step chain). Prompts run interleaved over
+rounds; medians and spread are reported.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_cpp import llama_cpp as C  # noqa: E402
 
-from edge_eagle import EdgeEagle  # noqa: E402
+from edge_eagle import (
+    EdgeEagle,  # noqa: E402
+    _fast,  # noqa: E402
+)
 from edge_eagle import _bindings as B  # noqa: E402
-from edge_eagle import _fast  # noqa: E402
 from edge_eagle.defaults import default_target  # noqa: E402
 
 PROMPTS = [
@@ -84,8 +87,8 @@ GETTERS = [(C, "llama_get_logits"), (C, "llama_get_logits_ith"), (B, "llama_get_
 def random_drafter(out_dir: Path, target_path: str | Path) -> Path:
     """An untrained EAGLE-3.1 drafter sized for the target: the trainer's initialisation, converted."""
     import numpy as np
-
     from edge_eagle.converters import convert
+
     from edge_eagle.gguf_file import read_gguf
     from edge_eagle.train import TrainOptions, save_checkpoint
     from edge_eagle.train.trainer import init_model
@@ -126,7 +129,6 @@ def main() -> int:
     if True in modes and _fast.library_path() is None:
         sys.exit("The native fast path is not built; run `pip install -e .` with a C compiler, or pass --fastpath off.")
 
-    from edge_eagle.stats import spread
     from edge_eagle.system import cpu_name
 
     C.llama_decode = _timed(C.llama_decode, _native)
@@ -179,8 +181,10 @@ def main() -> int:
     main_mode = modes[-1]
     result = {"cpu": cpu_name(), "gpu_layers": args.gpu_layers, "target": os.path.basename(target),
               "drafter": str(drafter if args.drafter else "untrained EAGLE-3.1 sized for the target"),
-              "runs_per_k": len(runs[keys[0]]["us"]), "fastpath": main_mode, "ctypes_call_us": round(1e6 * _floor[0], 3),
-              "overhead_us_per_cycle": {k: v["overhead_us_per_cycle"]["median"] for k, v in per_mode[main_mode].items()},
+              "runs_per_k": len(runs[keys[0]]["us"]), "fastpath": main_mode,
+              "ctypes_call_us": round(1e6 * _floor[0], 3),
+              "overhead_us_per_cycle": {k: v["overhead_us_per_cycle"]["median"]
+                                        for k, v in per_mode[main_mode].items()},
               "per_k": per_mode[main_mode]}
     if len(modes) > 1:
         result["python_path"] = {"overhead_us_per_cycle": {k: v["overhead_us_per_cycle"]["median"]
@@ -199,7 +203,8 @@ def main() -> int:
                       f"{sh['median']:.2%} of a {v['cycle_ms']['median']:.1f} ms cycle (getters' sync "
                       f"{v['sync_us']['median']:.0f} us, counted native); projected on memory-bound hardware at tau "
                       f"{v['projected_memory_bound_speedup']['2ms']['tau']:.1f} per target step {proj}")
-        print(f"({result['cpu']}, gpu layers {args.gpu_layers}, {result['runs_per_k']} runs per k and path, interleaved)")
+        print(f"({result['cpu']}, gpu layers {args.gpu_layers}, {result['runs_per_k']} runs per k and path, "
+              "interleaved)")
     return 0
 
 
@@ -215,9 +220,10 @@ def summarise(runs, args, fast: bool) -> dict:
         per_k[str(k)] = {
             "overhead_us_per_cycle": spread(run["us"], 1), "host_overhead_share": spread(run["share"], 4),
             "sync_us": spread(run["sync_us"], 1), "cycle_ms": spread(run["cycle_ms"], 2), "d": round(d, 3),
-            "projected_memory_bound_speedup": {f"{ms}ms": {"tau": tau, "with_overhead": round(project(tau, k, d, us, ms), 3),
-                                                           "without": round(project(tau, k, d, 0.0, ms), 3)}
-                                               for ms in (2, 8, 30)}}
+            "projected_memory_bound_speedup": {
+                f"{ms}ms": {"tau": tau, "with_overhead": round(project(tau, k, d, us, ms), 3),
+                            "without": round(project(tau, k, d, 0.0, ms), 3)}
+                for ms in (2, 8, 30)}}
     return per_k
 
 

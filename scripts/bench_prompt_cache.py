@@ -13,7 +13,6 @@ token (prefill) in each mode, its ratio fresh/reuse with min-max, and the prompt
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_eagle import EdgeEagle  # noqa: E402
-from edge_eagle.fsutil import atomic_write  # noqa: E402
+from edge_eagle.fsutil import emit_report  # noqa: E402
 from edge_eagle.stats import spread  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 
@@ -73,9 +72,7 @@ def main() -> int:
                       "ttft_ms_fresh": round(1000 * statistics.median(fresh), 1),
                       "fresh_over_reuse": spread(ratios, 2)})
     report = {"cpu": cpu_name(), "rounds": args.rounds, "drafter": args.drafter, "turns": turns}
-    print(json.dumps(report, indent=1))
-    if args.json:
-        atomic_write(args.json, json.dumps(report, indent=1))
+    emit_report(report, args.json, indent=1)
     return 0
 
 

@@ -12,7 +12,6 @@ acceptance is measured here; speed is `edge-eagle bench`'s job.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle, EdgeEagleError, SpecStats  # noqa: E402
 from edge_eagle.bench.prompts import mtbench  # noqa: E402
-from edge_eagle.fsutil import atomic_write  # noqa: E402
+from edge_eagle.fsutil import emit_report  # noqa: E402
 
 
 def mtbench_first_turns() -> list[dict]:
@@ -64,9 +63,7 @@ def main() -> int:
                 r = results[-1]
                 print(f"{r['drafter']} k={k}: tau {r['tau']:.2f}, per-position "
                       f"{' '.join(f'{x:.2f}' for x in r['per_position_acceptance'])}", file=sys.stderr)
-    if args.json:
-        atomic_write(args.json, json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    emit_report(results, args.json)
     return 0
 
 

@@ -83,10 +83,10 @@ def score(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from edge_eagle.defaults import default_target
     from edge_eagle.gguf_file import read_gguf
     from edge_eagle.train.trainer import TrainOptions, init_model, read_manifest, simulated_acceptance
     from edge_eagle.train.ttt import FeatureData
-    from edge_eagle.defaults import default_target
 
     target = read_gguf(args.target or default_target())
     results = []

@@ -91,6 +91,7 @@ def trained_drafters(features, tiny_target, tmp_path_factory) -> dict:
     data and steps): name -> (checkpoint dir, f32 GGUF). Good enough that acceptance is far
     from zero."""
     from edge_eagle.converters import convert
+
     from edge_eagle.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("trained")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import defaults  # noqa: E402
-from edge_eagle.fsutil import atomic_write  # noqa: E402
+from edge_eagle.fsutil import emit_report  # noqa: E402
 from tests import fuzz_cases as F  # noqa: E402
 
 CASES = ["gguf_reader", "gguf_load", "drafter_load", "safetensors", "config", "torch_zip"]
@@ -38,9 +38,9 @@ def build_inputs(work: Path) -> dict[str, Path]:
     import torch
     from safetensors.torch import load_file
 
+    from edge_eagle.gguf_file import read_gguf
     from edge_eagle.train import TrainOptions, save_checkpoint
     from edge_eagle.train.trainer import init_model
-    from edge_eagle.gguf_file import read_gguf
     from tests.tiny_models import make_drafter, write_tiny_target
 
     target = write_tiny_target(work / "tiny-target.gguf")
@@ -100,9 +100,7 @@ def main() -> int:
                     bar.update(1)
             report["cases"][name] = counts
     report["total_tried"] = sum(c["tried"] for c in report["cases"].values())
-    if args.json:
-        atomic_write(args.json, json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    emit_report(report, args.json)
     return 0
 
 

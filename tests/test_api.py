@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from edge_eagle import EdgeEagle, EdgeEagleError
-from tests.drafters import OracleDrafter
 from edge_eagle.api import _find_stop, _partial_stop
 from edge_eagle.target import Target
+from tests.drafters import OracleDrafter
 from tests.test_errors import cli
 
 
@@ -183,11 +183,10 @@ def test_drafter_kv_is_no_larger_than_the_targets_context(tiny_target, tiny_draf
 def test_the_loop_drives_any_draft_policy_through_one_protocol(engine):
     """A policy the library does not know (a schedule of draft lengths) plugs into the loop:
     choose() is asked once per cycle, update() hears what that cycle drafted and accepted."""
+    from edge_eagle.policy import DraftPolicy
     from edge_eagle.sampling import Sampler, SamplingParams
     from edge_eagle.speculative import speculate
     from edge_eagle.stats import SpecStats
-
-    from edge_eagle.policy import DraftPolicy
 
     class Schedule(DraftPolicy):
         idle_window = None

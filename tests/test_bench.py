@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from edge_eagle.bench.divergence import divergences, greedy_equal
 from edge_eagle.bench.prompts import load_jsonl
 from edge_eagle.bench.report import markdown
-from edge_eagle.bench.divergence import divergences, greedy_equal
 from edge_eagle.bench.run import BenchOptions, run_bench
+from edge_eagle.bench.runners import EngineRunner, RunResult, acceptance_from_calls, run_measured, upstream_binary
 from edge_eagle.bench.suite import Bench
 from edge_eagle.bench.summary import predict
-from edge_eagle.bench.runners import EngineRunner, RunResult, acceptance_from_calls, run_measured, upstream_binary
 from edge_eagle.cli import main
 from edge_eagle.errors import EdgeEagleError
 from tests.tiny_models import write_tiny_target

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from edge_eagle import EdgeEagle
-from tests.drafters import OracleDrafter
 from edge_eagle.controller import AcceptanceModel, KController
 from edge_eagle.costs import CostModel
+from tests.drafters import OracleDrafter
 
 
 def _gpu_like_costs() -> CostModel:
@@ -142,7 +142,7 @@ def test_one_pass_lookup_choice_equals_its_definition():
     for _ in range(50):
         table = {n: rng.uniform(0.5, 3.0) * n for n in rng.sample(range(1, 12), rng.randint(1, 8))}
         c = KController(costs=CostModel(verify_s=table))
-        for i in range(4):
+        for _ in range(4):
             c._lookup_model(rng.choice([1, 3, 8])).observe(rng.randint(1, 8), rng.randint(0, 4))
         for n in (1, 3, 9):
             m, s = c._best_lookup(n, 8)

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from edge_eagle.converters import convert
 from edge_eagle.converters.convert import TOLERANCE
+
 from edge_eagle import EdgeEagle
+from edge_eagle.checks.parity import verify_drafter
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.gguf_file import read_gguf
-from edge_eagle.checks.parity import verify_drafter
 from tests.test_errors import assert_clean_error, cli
 from tests.tiny_models import LAYOUT_FLAGS, layout_reference, write_checkpoint
 
@@ -327,6 +327,7 @@ def test_every_layout_round_trips_the_tensor_table():
     """One table names the drafter's tensors; each layout's reader (rename) inverts its writer
     (to_layout), for every tensor the table knows."""
     from edge_eagle.converters.layouts import BY_NAME, LAYOUTS, detect, rename, to_layout
+
     from edge_eagle.tensors import BY_REF, REQUIRED
 
     for layout in LAYOUTS:

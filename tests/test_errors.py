@@ -11,7 +11,7 @@ import pytest
 
 from edge_eagle import EdgeEagle
 from edge_eagle._bindings import _resolve
-from edge_eagle.errors import (ContextOverflowError, MissingSymbolError, ModelFileError, PairMismatchError)
+from edge_eagle.errors import ContextOverflowError, MissingSymbolError, ModelFileError, PairMismatchError
 from tests.tiny_models import make_drafter, write_tiny_target
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from edge_eagle import defaults
 from tests import fuzz_cases as F
 
+
 def fuzz(n: int) -> settings:
     return settings(max_examples=n, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

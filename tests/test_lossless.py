@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from edge_eagle import EdgeEagle, NgramDrafter
-from tests.drafters import OracleDrafter
 from edge_eagle.errors import ContextOverflowError
 from edge_eagle.target import Target
+from tests.drafters import OracleDrafter
 
 TIE_GAP = 0.05  # logits; batched vs single-token kernels differ by ~1e-3 here
 

@@ -6,10 +6,10 @@ import dataclasses
 import os
 
 import pytest
+from edge_eagle.tui.app import ChatOptions
 
 from edge_eagle.cli import build_parser
 from edge_eagle.options import EngineOptions
-from edge_eagle.tui.app import ChatOptions
 
 
 def _subparser(name: str):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_eagle.eagle import EagleDrafter
 from edge_eagle.checks.parity import ChainComparison, compare_chain, verify_drafter
+from edge_eagle.eagle import EagleDrafter
 from edge_eagle.target import Target
 from tests.conftest import VARIANTS
 

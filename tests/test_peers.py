@@ -20,10 +20,10 @@ speculators = pytest.importorskip("speculators.models.eagle3", reason="speculato
 
 from edge_eagle.converters import convert  # noqa: E402
 from edge_eagle.converters.convert import TOLERANCE, read_drafter, reference_model  # noqa: E402
-from edge_eagle.gguf_file import read_gguf  # noqa: E402
+
 from edge_eagle.checks.parity import verify_drafter  # noqa: E402
-from edge_eagle.checks.peers import (compare_steps, sequence_features, specforge_step_logits,  # noqa: E402
-                              speculators_step_logits)
+from edge_eagle.checks.peers import compare_steps, sequence_features, specforge_step_logits, speculators_step_logits  # noqa: E402
+from edge_eagle.gguf_file import read_gguf  # noqa: E402
 from edge_eagle.train import TrainOptions, save_checkpoint  # noqa: E402
 from edge_eagle.train.trainer import init_model, write_verifier  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_edge_eagle_converts_what_speculators_saves(flags, tiny_target, sequence
     torch.manual_seed(3)
     peer = Eagle3DraftModel(cfg).eval()
     with torch.no_grad():
-        for name, p in peer.named_parameters():  # norms away from 1, every weight random
+        for _, p in peer.named_parameters():  # norms away from 1, every weight random
             p.copy_((1.0 + 0.2 * torch.randn_like(p)) if p.dim() == 1 else 0.1 * torch.randn_like(p))
         d2t = np.sort(np.random.default_rng(2).choice(target.vocab_size, 512, replace=False))
         peer.d2t.copy_(torch.from_numpy(d2t - np.arange(512)))  # speculators stores offsets
@@ -172,8 +172,8 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
     with pytest.raises(Exception, match="PR #879"):
         read_drafter(tmp_path / "sf", tiny_target)  # the version-dependent flag is not guessed
     # convert --verify runs SpecForge's own loop too where the installed release can run the chosen reading
-    from edge_eagle.cli import main
     from edge_eagle.checks.peers import check_with_peer
+    from edge_eagle.cli import main
 
     code = main(["convert", str(tmp_path / "sf"), "--target", str(tiny_target), "--outtype", "f32", "--verify",
                  "--norm-output", reading, "-o", str(tmp_path / "sf.gguf")])

@@ -20,7 +20,7 @@ class _Recorder:
 
         def propose(tokens, k, p_min=0.0, choose=None):
             proposal, logits = drafter.propose_with_logits(tokens, k, p_min, choose)
-            self.logits.extend(l.copy() for l in logits)
+            self.logits.extend(row.copy() for row in logits)
             return proposal
 
         drafter.propose = propose

@@ -109,7 +109,8 @@ def test_streamed_chat_matches_the_plain_response_and_ends_with_usage_and_done(s
     last = chunks[-1]
     assert last["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
     assert last["edge_eagle"]["drafted"] == plain["edge_eagle"]["drafted"]
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
 
 
 def test_completions_with_stop_and_the_prompt_cache(served, engine):
@@ -165,8 +166,8 @@ def test_metrics_count_drafts_and_accepted_tokens_like_vllm(served):
     per_pos = counter(after, "edge_eagle:spec_decode_num_accepted_tokens_per_pos_total") - counter(
         before, "edge_eagle:spec_decode_num_accepted_tokens_per_pos_total")
     assert per_pos == body["edge_eagle"]["accepted"]
-    assert counter(after, "edge_eagle:generation_tokens_total") - counter(before, "edge_eagle:generation_tokens_total") \
-        == body["usage"]["completion_tokens"]
+    generated = "edge_eagle:generation_tokens_total"
+    assert counter(after, generated) - counter(before, generated) == body["usage"]["completion_tokens"]
     assert 'edge_eagle:requests_total{endpoint="/v1/chat/completions",status="200"}' in after
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from edge_eagle.converters import convert
+
 from edge_eagle import EdgeEagle
-from edge_eagle.errors import EdgeEagleError
-from edge_eagle.gguf_file import read_gguf
 from edge_eagle.checks.parity import verify_drafter
 from edge_eagle.checks.reference import Eagle3Config, random_reference
+from edge_eagle.errors import EdgeEagleError
+from edge_eagle.gguf_file import read_gguf
 from edge_eagle.target import Target
 from edge_eagle.train import TrainOptions, save_checkpoint, train
 from edge_eagle.train.trainer import draft_vocabulary, init_model
@@ -315,5 +315,6 @@ def test_warm_start_computes_the_target_layer_it_was_copied_from(tiny_target):
     assert float((got - want).abs().max() / want.abs().max()) < 2e-3
     cold = init_model(target, layers, d2t, TrainOptions(draft_vocab=256, eagle31=False))
     with torch.no_grad():
-        other = cold.layer(torch.tensor(toks)[None], cold.encode(feats[None, :, :3 * h]), torch.arange(len(toks))[None])[0]
+        other = cold.layer(torch.tensor(toks)[None], cold.encode(feats[None, :, :3 * h]),
+                           torch.arange(len(toks))[None])[0]
     assert float((other - want).abs().max() / want.abs().max()) > 0.1

@@ -29,7 +29,6 @@ def trained(tiny_target, trained_drafters):
 
 @pytest.mark.parametrize("n_nodes", [1, 3, 7, 15])
 def test_greedy_tree_output_equals_plain_decoding(trained, n_nodes):
-    accepted = 0
     for prompt in PROMPTS:
         toks = trained.target.tokenize(prompt)
         plain = trained.generate(prompt, max_tokens=40, speculative=False).result().tokens
@@ -101,10 +100,13 @@ def test_tree_nodes_are_what_a_chain_along_their_path_drafts(trained):
             i = tree.parents[i]
         forced = iter(path)
         seq = fresh()
-        _, logits = d.propose_with_logits(seq, len(path) + 1, choose=lambda lg: (next(forced, int(np.argmax(lg))), None))
+        def choose(lg, forced=forced):  # the path's tokens, then the drafter's own choice
+            return next(forced, int(np.argmax(lg))), None
+
+        _, logits = d.propose_with_logits(seq, len(path) + 1, choose=choose)
         row = logits[len(path)].astype(np.float64)
         top = np.argsort(-row)[:3]
-        for r, kid in enumerate(kids):
+        for kid in kids:
             tok = tree.tokens[kid]
             assert tok in top or row[top[-1]] - row[tok] < 1e-3, f"node {kid} is not a top-3 child of its path"
         assert tree.tokens[kids[0]] == top[0] or row[top[0]] - row[tree.tokens[kids[0]]] < 1e-3

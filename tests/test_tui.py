@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from edge_eagle.tui.app import ChatOptions, EdgeEagleChat
+from edge_eagle.tui.widgets import ChatMessage
 from textual.widgets import Input, Static
 
 from edge_eagle import EdgeEagle
-from edge_eagle.tui.app import ChatOptions, EdgeEagleChat
-from edge_eagle.tui.widgets import ChatMessage
 
 
 @pytest.fixture()
@@ -148,8 +148,9 @@ def test_tree_mode_shows_tree_figures_and_a_one_line_drafter_label(engine):
 
 
 def test_tree_stats_render_each_depth_and_rank():
-    from edge_eagle.stats import SpecStats
     from edge_eagle.tui.widgets import StatsPanel
+
+    from edge_eagle.stats import SpecStats
 
     s = SpecStats()
     s.record_step(7, 2, kind="tree", depth=3, ranks=[0, 1])

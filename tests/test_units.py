@@ -14,9 +14,8 @@ from edge_eagle.gguf_file import read_gguf
 from edge_eagle.policy import DraftPolicy, Fixed
 from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
-from edge_eagle.verify import verify
 from edge_eagle.stats import SpecStats
-
+from edge_eagle.verify import verify
 
 # --- GGUF reader -------------------------------------------------------------------------
 
@@ -193,7 +192,7 @@ def test_a_long_running_stats_history_stays_bounded_while_its_counts_stay_whole(
     from edge_eagle.stats import K_HISTORY_KEEP, SpecStats
 
     total = SpecStats()
-    for request in range(40):
+    for _ in range(40):
         s = SpecStats()
         for i in range(500):
             s.record_step(i % 4, min(i % 4, 1))

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFWriter
-
 from edge_eagle.converters.gguf_out import copy_tokenizer, write_eagle3
 from edge_eagle.converters.layouts import BY_NAME, to_layout
+from gguf import GGUFWriter
+
 from edge_eagle import defaults
-from edge_eagle.gguf_file import GGUFFile, read_gguf
 from edge_eagle.checks.reference import Eagle3Config, Eagle3Reference, random_reference
+from edge_eagle.gguf_file import GGUFFile, read_gguf
 
 TINY = dict(n_layer=8, hidden=64, heads=4, kv_heads=2, ffn=128, rope_theta=10000.0, eps=1e-5)
 

@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header, Input
 
-from edge_eagle import EdgeEagle, EdgeEagleError
+from edge_eagle import EdgeEagle, EdgeEagleError, Generation
 from edge_eagle.fsutil import atomic_write
 from edge_eagle.options import EngineOptions
 from edge_eagle.stats import SpecStats
@@ -86,7 +86,7 @@ class EdgeEagleChat(App):
         self.history: list[dict[str, str]] = []
         self.speculative = True
         self.tint = True
-        self.generation = None
+        self.generation: Generation | None = None
         self.busy = False  # a reply is being generated (set and cleared on the UI thread)
         self.speeds: list[float] = []
 

@@ -60,12 +60,12 @@ class ChatMessage(Vertical):
         body = self.query(".body").first()
         if isinstance(body, Markdown):
             body.update(self.text)
-        else:
+        elif isinstance(body, Static):
             body.update(self._rich())
 
     def set_footer(self, text: str) -> None:
         self.footer = text
-        self.query(".footer").first().update(text)
+        self.query(".footer").first(Label).update(text)
 
     async def watch_tint(self, tint: bool) -> None:
         await self.recompose()

@@ -31,7 +31,8 @@ def memory_phase(bench: "Bench", prompt: BenchPrompt, progress: Callable[[int], 
         rc, _, err, rss = run_measured([sys.executable, "-m", "edge_eagle.bench.memory", json.dumps(spec)])
         if rc != 0:
             raise EdgeEagleError(f"measuring memory of {r.name} failed: {err.strip().splitlines()[-1:]}")
-        out[r.name] = rss
+        if rss is not None:  # None: the platform has no wait4() figure
+            out[r.name] = rss
         progress(1)
     return out
 

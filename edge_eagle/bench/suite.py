@@ -14,8 +14,8 @@ class Bench:
     """Builds the runners for a set of options and owns their models."""
 
     def __init__(self, opts: BenchOptions):
-        from ..api import EdgeEagle
         from .. import defaults
+        from ..api import EdgeEagle
 
         self.opts = opts
         self.target_path = str(opts.target or defaults.default_target())
@@ -77,7 +77,8 @@ class Bench:
             self.engines.append(eng)
             if i == 0:
                 self.runners.append(EngineRunner(eng, None))
-            for k in [*o.ks, *(["auto"] if o.auto else [])]:
+            shapes: list[int | str] = [*o.ks, *(["auto"] if o.auto else [])]
+            for k in shapes:
                 self.runners.append(EngineRunner(eng, k, dpath, label=label(dpath) if many else None))
             for n in o.trees:
                 self.runners.append(EngineRunner(eng, None, dpath, label=label(dpath) if many else None, tree=n))
@@ -98,6 +99,8 @@ class Bench:
 
     def _draft_model_runner(self, binary: Path | None) -> None:
         o = self.opts
+        if o.draft_model is None:
+            return
         if not Path(o.draft_model).is_file():
             raise EdgeEagleError(f"Draft model {o.draft_model} not found; pass a GGUF path to --draft-model.")
         if binary is not None:

@@ -72,7 +72,7 @@ def verify_drafter(drafter_path: str | os.PathLike[str], target_path: str | os.P
             drafter.reset()
             toks = target.tokenize(prompt)
             res = target.prefill(toks)
-            feats = res.features
+            feats = res.require_features()
             nxt = int(np.argmax(res.logits[-1]))
             drafter.ingest(feats, 0, toks)
             c = compare_chain(drafter, model, feats, toks + [nxt], k)

@@ -65,7 +65,7 @@ def sequence_features(target_path: str | os.PathLike[str], layers: Sequence[int]
     try:
         t.set_capture(tuple(layers))
         seq = t.tokenize(TEXT * (rows // 4))[: rows + 1]
-        feats = torch.from_numpy(t.prefill(seq).features[:-1].copy())
+        feats = torch.from_numpy(t.prefill(seq).require_features()[:-1].copy())
     finally:
         t.close()
     return feats, torch.tensor(seq[1:])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +66,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    inv_freq: Tensor  # a buffer (register_buffer)
+
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
@@ -136,6 +138,9 @@ class MidLayer(nn.Module):
 
 class Eagle3Reference(nn.Module):
     """The drafter. `embed` is the target's token embedding when the drafter has none."""
+
+    d2t: Tensor  # buffers (register_buffer)
+    target_embed: Tensor
 
     def __init__(self, cfg: Eagle3Config, embed: Tensor | None = None):
         super().__init__()
@@ -221,7 +226,7 @@ def reference_chain(model: Eagle3Reference, feats: Tensor, tokens: Sequence[int]
     return drafts, torch.stack(logits)
 
 
-def llama3_rope_factors(rope_theta: float, head_dim: int, scaling: dict) -> tuple[float, ...]:
+def llama3_rope_factors(rope_theta: float, head_dim: int, scaling: Mapping[str, Any]) -> tuple[float, ...]:
     """Per-frequency divisors of Llama 3.1's rope scaling (llama.cpp's rope_freqs tensor)."""
     factor = float(scaling.get("factor", 8.0))
     low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
@@ -246,7 +251,7 @@ def random_reference(cfg: Eagle3Config, seed: int = 0, embed: Tensor | None = No
     gen = torch.Generator().manual_seed(seed)
     model = Eagle3Reference(cfg, embed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:

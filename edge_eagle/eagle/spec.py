@@ -104,7 +104,8 @@ def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
     t_layers = int(target.require(K.BLOCK_COUNT))
     hint = "use a drafter made for this target (or convert one with `edge-eagle convert --target`)."
     if spec.target_hidden_size != t_embd:
-        raise PairMismatchError(f"{d} expects target hidden size {spec.target_hidden_size} but {t} has {t_embd}; {hint}")
+        raise PairMismatchError(f"{d} expects target hidden size {spec.target_hidden_size} but {t} has {t_embd}; "
+                                f"{hint}")
     fc = drafter.tensors[K.T_FC]
     if fc.shape != (3 * t_embd, spec.hidden_size):
         raise PairMismatchError(f"{d} has fc of shape {list(fc.shape)}, which does not fit {t}; {hint}")

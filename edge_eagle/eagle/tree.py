@@ -103,13 +103,13 @@ class TreeDrafter:
                 dst = free.pop(0)
                 self.memory.copy_seq(parent_of[node_par[i]][1], dst)
                 seqs[row] = dst
+        filled = [s for s in seqs if s is not None]  # every row has its sequence now
         g = np.stack([self.carry(parent_of[node_par[i]][0]) for i in expand]).astype(np.float32)
-        self.batches.decode_rows([node_tok[i] for i in expand], g, [pos] * len(expand), outputs=True,
-                                 seqs=[int(s) for s in seqs if s is not None])
+        self.batches.decode_rows([node_tok[i] for i in expand], g, [pos] * len(expand), outputs=True, seqs=filled)
         out = []
-        for row, (i, seq) in enumerate(zip(expand, seqs)):
+        for row, (i, seq) in enumerate(zip(expand, filled)):
             lg, h = self.batches.row(row)
-            out.append((i, lg.copy(), h.copy(), int(seq or 0)))
+            out.append((i, lg.copy(), h.copy(), seq))
         return out
 
     def drop_sequences(self) -> None:

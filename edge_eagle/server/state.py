@@ -41,6 +41,8 @@ class ServerState:
 
     def _finished(self, job: Job) -> None:
         gen = job.generation
+        if gen is None:  # the job ended before a generation started
+            return
         # Prometheus tells a client that left ("abort") from one that was served
         reason = "abort" if gen.finish_reason == "cancelled" else finish_reason(gen.finish_reason)
         self.metrics.record(gen.stats, len(gen.tokens), reason)

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Generator, Iterable
 
 import numpy as np
 
@@ -103,7 +103,7 @@ def _fixed_text(target: Target, prompt: list[int], prompt_text: str, answer: str
     feats, lab_ids, lab_probs = [], [], []
     for i in range(0, len(full), target.n_batch):
         res = target.decode(full[i:i + target.n_batch], i, "all", seq)
-        feats.append(res.features.astype(np.float16))
+        feats.append(res.require_features().astype(np.float16))
         ids, probs = _topk(res.logits, topk)
         lab_ids.append(ids)
         lab_probs.append(probs)
@@ -122,7 +122,7 @@ def extract_one(target: Target, conv: Conversation, *, regenerate: bool, max_pro
         return _fixed_text(target, prompt, prompt_text, answer, max_new, topk)
     target.memory.clear()
     res = target.prefill(prompt)
-    feats = [res.features.astype(np.float16)]
+    feats = [res.require_features().astype(np.float16)]
     ids, probs = _topk(res.logits[-1:], topk)
     lab_ids, lab_probs = [ids], [probs]
     tokens = list(prompt)
@@ -132,7 +132,7 @@ def extract_one(target: Target, conv: Conversation, *, regenerate: bool, max_pro
         if target.is_eog(nxt) or len(tokens) >= target.n_ctx:
             break
         res = target.decode([nxt], len(tokens) - 1, "last")
-        feats.append(res.features.astype(np.float16))
+        feats.append(res.require_features().astype(np.float16))
         ids, probs = _topk(res.logits, topk)
         lab_ids.append(ids)
         lab_probs.append(probs)
@@ -150,7 +150,7 @@ class _Slot:
 
 
 def extract_many(target: Target, items: Iterable[tuple[int, Conversation]], *, regenerate: bool, max_prompt: int,
-                 max_new: int, topk: int) -> Iterator[tuple[int, Sequence_ | None]]:
+                 max_new: int, topk: int) -> Generator[tuple[int, Sequence_ | None], None, None]:
     """extract_one for a stream of (index, conversation), regenerating up to target.n_seq answers
     at once: each new prompt is prefilled into a free sequence, then every answer in flight
     advances by one token per llama.cpp batch. Yields (index, sequence or None) as each one
@@ -180,16 +180,17 @@ def extract_many(target: Target, items: Iterable[tuple[int, Conversation]], *, r
             target.memory.remove_seq(seq)
             res = target.prefill(prompt, 0, seq)
             ids, probs = _topk(res.logits[-1:], topk)
-            live[seq] = _Slot(index, len(prompt), list(prompt), [res.features.astype(np.float16)], [ids], [probs])
+            live[seq] = _Slot(index, len(prompt), list(prompt), [res.require_features().astype(np.float16)], [ids],
+                              [probs])
         if not live:
             return
         # every answer in flight takes its greedy next token; finished ones leave
         seqs, toks, poss = [], [], []
         for seq in sorted(live):
             slot = live[seq]
-            nxt = int(slot.lab_ids[-1][-1, 0])
-            slot.tokens.append(nxt)
-            done = (target.is_eog(nxt) or len(slot.tokens) >= target.n_ctx
+            token = int(slot.lab_ids[-1][-1, 0])
+            slot.tokens.append(token)
+            done = (target.is_eog(token) or len(slot.tokens) >= target.n_ctx
                     or len(slot.tokens) - slot.n_prompt >= max_new)
             if done:
                 del live[seq]
@@ -199,14 +200,14 @@ def extract_many(target: Target, items: Iterable[tuple[int, Conversation]], *, r
                                             topk, width, True)
                 continue
             seqs.append(seq)
-            toks.append(nxt)
+            toks.append(token)
             poss.append(len(slot.tokens) - 1)
         free.sort()
         if not seqs:
             continue
         res = target.decode_seqs(toks, poss, seqs)
         ids, probs = _topk(res.logits, topk)
-        feats = res.features.astype(np.float16)
+        feats = res.require_features().astype(np.float16)
         for row, seq in enumerate(seqs):
             slot = live[seq]
             slot.feats.append(feats[row:row + 1])
@@ -241,7 +242,7 @@ def extract(target: Target, layers: tuple[int, int, int], convs: Iterable[Conver
     identity = {"target": os.path.basename(target.path), "fingerprint": target.gguf.vocab_fingerprint(),
                 "layers": list(layers), "hidden": target.n_embd, "topk": topk, "regenerate": regenerate,
                 "turns": turns}
-    manifest = {**identity, "shards": [], "conversations_seen": 0, "done_beyond": [], "tokens": 0}
+    manifest: dict[str, Any] = {**identity, "shards": [], "conversations_seen": 0, "done_beyond": [], "tokens": 0}
     if (out / MANIFEST).is_file():
         old = json.loads((out / MANIFEST).read_text())
         old.setdefault("turns", "first")  # manifests written before the option

@@ -6,8 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .trainer import (TrainOptions, draft_vocabulary, init_model, read_manifest, save_checkpoint,  # noqa: F401
-                      simulated_acceptance, train, write_verifier)  # the trainer's names, as this module had them
+from .trainer import (  # noqa: F401
+    TrainOptions,
+    draft_vocabulary,
+    init_model,
+    read_manifest,
+    save_checkpoint,
+    simulated_acceptance,  # the trainer's names, as this module had them
+    train,
+    write_verifier,
+)
 
 
 def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOptions, *,
@@ -21,15 +29,14 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
     training state in out/checkpoint) -> convert to `gguf`. Features go to `features`, by
     default a folder of the user cache named after the target and settings.
     Returns the training summary, or {"features", "tokens"} after an extraction only."""
+    from .. import gguf_keys as K
     from ..gguf_file import read_gguf
     from ..target import Target
     from .data import conversations
     from .extract import extract
 
-    from .. import gguf_keys as K
-
     n = int(read_gguf(target_path).require(K.BLOCK_COUNT))
-    chosen = tuple(layers) if layers else (2, n // 2, n - 3)
+    chosen = (int(layers[0]), int(layers[1]), int(layers[2])) if layers else (2, n // 2, n - 3)
     features = features or default_features_dir(target_path, data, chosen, regenerate, turns)
     target = Target(target_path, n_ctx=max_prompt + max_new + 8, n_seq=max(1, parallel), n_gpu_layers=n_gpu_layers,
                     n_threads=n_threads, repack=repack)

@@ -155,9 +155,10 @@ def ttt_states(model: Eagle3Reference, feats: Tensor, tokens: Tensor, pos: Tenso
     g = model.encode(feats)
     ks: list[Tensor] = []
     vs: list[Tensor] = []
+    h: Tensor | None = None  # the previous step's state
     for s in range(steps):
-        if s > 0:
-            carried = model.carry(h)  # noqa: F821 - h from the previous step
+        if h is not None:
+            carried = model.carry(h)
             g = torch.cat([carried.new_zeros(carried.shape[0], 1, carried.shape[2]), carried[:, :-1]], 1)
         h = model.block(tokens, g, lambda x, s=s: _ttt_attention(model, x, pos, s, ks, vs))
         yield h
