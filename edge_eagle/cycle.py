@@ -10,32 +10,38 @@ Both leave the same tokens, counts and state behind (tests/test_fastpath.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
 from time import perf_counter
-from typing import Any, Sequence
+from typing import NamedTuple, Sequence
 
 from .drafter import Drafter
-from .policy import CHAIN, LOOKUP, PLAIN, TREE, Plan
+from .policy import LOOKUP, PLAIN, TREE, Plan
 from .proposal import EMPTY, Proposal
 from .sampling import Sampler
 from .target import Target
 from .verify import verify, verify_tree
 
 
-@dataclass
-class CycleResult:
+class CycleResult(NamedTuple):
     """What one cycle did. drafted: draft tokens verified (tree nodes for a tree); depth: the
-    deepest draft position; ranks: each accepted tree node's rank among its siblings."""
+    deepest draft position; ranks: each accepted tree node's rank among its siblings.
+
+    A named tuple: the native cycle builds one without running Python code (new_result), which
+    matters right after llama.cpp's kernels have evicted the host's caches."""
 
     kind: str
     drafted: int
     accepted: list[int]
     bonus: int
     depth: int
-    ranks: list[int] = field(default_factory=list)
-    propose_s: float = 0.0  # drafting, up to the verify batch
-    verify_s: float = 0.0  # the target's verify batch and verification
-    ingest_s: float = 0.0  # handing the accepted rows to the drafter
+    ranks: list[int]
+    propose_s: float  # drafting, up to the verify batch
+    verify_s: float  # the target's verify batch and verification
+    ingest_s: float  # handing the accepted rows to the drafter
+
+
+#: new_result((kind, drafted, accepted, bonus, depth, ranks, propose_s, verify_s, ingest_s))
+new_result = functools.partial(tuple.__new__, CycleResult)
 
 
 class StepCycle:
@@ -93,22 +99,18 @@ class StepCycle:
 
 
 class NativeCycle:
-    """Greedy chain cycles through the drafter's native cycle; any other plan, or a chain that
-    does not fit it, through `steps`."""
+    """The native strategy: greedy chain cycles in one native call, every other plan (and a chain
+    the native cycle cannot run now) through `steps`. A drafter with a native cycle returns a
+    subclass from Drafter.native_cycle() that implements run() (eagle/native.py's FusedCycle);
+    its fast branch is one Python frame, since each call after llama.cpp's kernels have evicted
+    the host's caches costs several microseconds."""
 
-    def __init__(self, steps: StepCycle, native: Any):
-        self.steps, self.native = steps, native
+    def __init__(self, steps: StepCycle):
+        self.steps, self.p_min = steps, steps.p_min
 
     def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
             trim_to: int | None) -> CycleResult:
-        k = min(plan.n, room)
-        if not (capturing and plan.kind == CHAIN and plan.n > 0 and room > 0 and self.native.fits(k)):
-            return self.steps.run(plan, seq, n_past, room, capturing, trim_to)
-        t0 = perf_counter()
-        drafted, accepted, bonus, draft_s, verify_s, _ = self.native.run(seq, k, self.steps.p_min)
-        elapsed = perf_counter() - t0
-        return CycleResult(CHAIN if drafted else PLAIN, drafted, accepted, bonus, drafted, [], draft_s, verify_s,
-                           elapsed - draft_s - verify_s)
+        raise NotImplementedError
 
 
 def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int
@@ -116,7 +118,7 @@ def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tre
     """The cycle strategy for one generation: native greedy chains where the drafter has them."""
     steps = StepCycle(target, drafter, sampler, p_min, tree_depth)
     if drafter.needs_features and sampler.params.greedy:
-        native = drafter.native_cycle(target)
+        native = drafter.native_cycle(target, steps)
         if native is not None:
-            return NativeCycle(steps, native)
+            return native
     return steps

@@ -8,7 +8,7 @@ supports trees. The EAGLE drafter lives in eagle/; NoDrafter is plain decoding.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from .policy import TREE_DEPTH
 from .proposal import EMPTY, Proposal
 
 if TYPE_CHECKING:
+    from .cycle import NativeCycle, StepCycle
     from .target import Target
 
 
@@ -62,11 +63,10 @@ class Drafter(ABC):
         """A draft tree of at most n_nodes nodes and the given depth (supports_trees only)."""
         raise NotImplementedError(f"{self.name} drafts chains only")
 
-    def native_cycle(self, target: "Target") -> Any:
-        """An object whose run(tokens, k, p_min) does a whole greedy chain cycle natively (draft,
-        the target's verify, greedy verification, ingest) and fits(k) says when it can, or None:
-        the loop then calls propose(), the target and ingest() itself (cycle.NativeCycle).
-        EagleDrafter has one (eagle/native.py)."""
+    def native_cycle(self, target: "Target", steps: "StepCycle") -> "NativeCycle | None":
+        """A cycle strategy that runs whole greedy chain cycles natively (draft, the target's
+        verify, greedy verification, ingest) and the other plans through `steps`, or None: the
+        loop then uses `steps` for every cycle (cycle.py). EagleDrafter has one (eagle/native.py)."""
         return None
 
     def close(self) -> None:

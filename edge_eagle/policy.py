@@ -88,6 +88,9 @@ class Fixed(DraftPolicy):
     def choose(self) -> int | Plan:
         return self.k
 
+    def plan(self, tokens: Sequence[int]) -> Plan:
+        return Plan.of(self.k)  # without choose(): one call less per cycle
+
     def features_needed_soon(self) -> bool:
         return self.k > 0
 
@@ -105,6 +108,9 @@ class FixedTree(Fixed):
 
     def choose(self) -> Plan:
         return Plan(TREE, self.k)
+
+    def plan(self, tokens: Sequence[int]) -> Plan:
+        return self.choose()
 
     def __repr__(self) -> str:
         return f"FixedTree({self.k})"

@@ -46,25 +46,22 @@ class FeatureSwitch:
     """Captures the target's features (a few % per token) only when a draft may come soon; after a
     pause the drafter restarts from the rows captured since."""
 
-    def __init__(self, target: Target, drafter: Drafter, policy: DraftPolicy):
-        self.target, self.drafter, self.policy = target, drafter, policy
+    def __init__(self, target: Target, drafter: Drafter):
+        self.target, self.drafter = target, drafter
         self.wanted = drafter.needs_features
         self.on = self.wanted
         target.set_capture(drafter.target_layers if self.wanted else ())
 
-    def adjust(self, plan: Plan) -> Plan:
-        """Switch capture for this cycle's plan; a draft right after switching it on waits a cycle
-        (there are no context rows yet), so the plan becomes plain decoding."""
-        if not self.wanted:
-            return plan
-        need = plan.drafts or self.policy.features_needed_soon()
-        if need != self.on:
-            self.target.set_capture(self.drafter.target_layers if need else ())
-            self.on = need
-            if need:
-                self.drafter.reset()
-                if plan.drafts:
-                    return Plan()
+    def switch(self, plan: Plan) -> Plan:
+        """Switch capture on or off, as this cycle's plan needs (the loop asks only when it must
+        change: a call costs more than its check); a draft right after switching it on waits a
+        cycle (there are no context rows yet), so the plan becomes plain decoding."""
+        self.on = not self.on
+        self.target.set_capture(self.drafter.target_layers if self.on else ())
+        if self.on:
+            self.drafter.reset()
+            if plan.drafts:
+                return Plan()
         return plan
 
 
@@ -73,7 +70,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
               p_min: float = 0.0, tree_depth: int = TREE_DEPTH) -> Iterator[tuple[list[int], list[str]]]:
     """Yield (new tokens, their origins) per step until max_tokens tokens were produced."""
     start = reuse_prefix(target, drafter, prompt)
-    capture = FeatureSwitch(target, drafter, policy)
+    capture = FeatureSwitch(target, drafter)
     strategy = cycles.choose(target, drafter, sampler, p_min, tree_depth)
     trees = drafter.supports_trees and target.tree_paths > 0
     policy.begin()
@@ -101,11 +98,12 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         plan = policy.plan(seq)
         if plan.kind == TREE and not trees:
             plan = Plan(CHAIN, plan.n)  # a drafter or target without trees drafts the chain instead
-        plan = capture.adjust(plan)
+        if capture.wanted and (plan.drafts or policy.features_needed_soon()) != capture.on:
+            plan = capture.switch(plan)
         room = min(max_tokens - produced - 1, target.n_ctx - n_past - 1)
-        t_run = perf_counter()
         r = strategy.run(plan, seq, n_past, room, capture.on, policy.idle_window)
-        plan_s = t_run - t_step
+        t_end = perf_counter()
+        plan_s = t_end - t_step - r.propose_s - r.verify_s - r.ingest_s  # planning and the loop's own steps
         n_acc = len(r.accepted)
         stats.t_verify += r.verify_s
         stats.t_draft += plan_s + r.propose_s + r.ingest_s

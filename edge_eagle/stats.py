@@ -13,26 +13,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from operator import add
 from typing import Any, Iterable
 
+_ONES = (1,) * 64
 K_HISTORY_KEEP = 1024  # k_history keeps at least the last this many steps, at most twice as many
-
-
-class RecentList(list):
-    """A list that keeps its last `keep` to 2 * `keep` items: appending stays amortised O(1) and
-    a long-running server's history stays bounded."""
-
-    keep = K_HISTORY_KEEP
-
-    def append(self, item: int) -> None:
-        super().append(item)
-        if len(self) > 2 * self.keep:
-            del self[: len(self) - self.keep]
-
-    def extend(self, items: Iterable[int]) -> None:
-        super().extend(items)
-        if len(self) > 2 * self.keep:
-            del self[: len(self) - self.keep]
 
 
 @dataclass
@@ -43,7 +28,7 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # per draft position
     accepted_at: list[int] = field(default_factory=list)
     #: draft length of each recent step (the last 1,024 to 2,048 steps; k_sum and draft_steps count all)
-    k_history: list[int] = field(default_factory=RecentList)
+    k_history: list[int] = field(default_factory=list)
     k_sum: int = 0  # draft lengths, summed over every step
     draft_steps: int = 0  # verify steps that checked at least one draft
     generated: int = 0  # tokens emitted
@@ -68,24 +53,33 @@ class SpecStats:
         self.verify_steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
-        self.k_history.append(n_drafted)
+        history = self.k_history
+        history.append(n_drafted)
+        if len(history) > 2 * K_HISTORY_KEEP:  # trimmed in blocks: amortised O(1) a step
+            del history[: len(history) - K_HISTORY_KEEP]
         self.k_sum += n_drafted
-        self.draft_steps += n_drafted > 0
         kind = kind or ("chain" if n_drafted else "plain")
         self.proposers[kind] = self.proposers.get(kind, 0) + 1
+        if not n_drafted:
+            return
+        self.draft_steps += 1
         reach = n_drafted if depth is None else depth
         if kind == "tree":
             self.tree_nodes += n_drafted
             self.tree_depths += reach
         drafted_at, accepted_at = self.drafted_at, self.accepted_at
-        while len(drafted_at) < reach:
-            drafted_at.append(0)
-            accepted_at.append(0)
-        for i in range(reach):
-            drafted_at[i] += 1
-        for i in range(min(n_accepted, reach)):
-            accepted_at[i] += 1
-        for d, r in enumerate(ranks or ()):
+        if len(drafted_at) < reach:
+            drafted_at.extend([0] * (reach - len(drafted_at)))
+            accepted_at.extend([0] * (reach - len(accepted_at)))
+        # the per-position counts in C loops (map over slices), not bytecode: this runs every cycle
+        ones = _ONES if reach <= len(_ONES) else (1,) * reach
+        drafted_at[:reach] = map(add, drafted_at[:reach], ones)
+        n_acc = n_accepted if n_accepted < reach else reach
+        if n_acc > 0:
+            accepted_at[:n_acc] = map(add, accepted_at[:n_acc], ones)
+        if not ranks:
+            return
+        for d, r in enumerate(ranks):
             while len(self.accepted_rank_at) <= d:
                 self.accepted_rank_at.append([])
             row = self.accepted_rank_at[d]
@@ -160,6 +154,8 @@ class SpecStats:
             self.drafted_at[i] += other.drafted_at[i]
             self.accepted_at[i] += other.accepted_at[i]
         self.k_history.extend(other.k_history)
+        if len(self.k_history) > 2 * K_HISTORY_KEEP:
+            del self.k_history[: len(self.k_history) - K_HISTORY_KEEP]
         self.k_sum += other.k_sum
         self.draft_steps += other.draft_steps
         for kind, n in other.proposers.items():

@@ -183,20 +183,20 @@ def test_the_fused_cycle_equals_the_step_by_step_loop_under_any_proposer_schedul
     native = EagleDrafter.native_cycle
     calls = {"fused": 0, "accepted": 0}
 
-    def counted(self, target):
-        cycle = native(self, target)
-        run = cycle.run
+    def counted(self, target, steps):
+        cycle = native(self, target, steps)
+        call = cycle.native  # the library's cycle function
 
-        def counted_run(*args):
-            got = run(*args)
+        def counted_call(*args):
+            got = call(*args)
             calls["fused"] += 1
             calls["accepted"] += len(got[1])
             return got
-        cycle.run = counted_run
+        cycle.native = counted_call
         return cycle
 
     def generate(fused: bool) -> list:
-        monkeypatch.setattr(EagleDrafter, "native_cycle", counted if fused else (lambda self, target: None))
+        monkeypatch.setattr(EagleDrafter, "native_cycle", counted if fused else (lambda self, target, steps: None))
         out = []
         with EdgeEagle(tiny_target, trained_drafters["eagle3.1"][1], n_ctx=512) as ee:
             for seed, prompt in enumerate(PROMPTS):

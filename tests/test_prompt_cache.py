@@ -24,7 +24,7 @@ class _Recorder:
             return proposal
 
         drafter.propose = propose
-        drafter.native_cycle = lambda target: None  # the native cycle does not expose the drafter's logits
+        drafter.native_cycle = lambda target, steps: None  # the native cycle does not expose the drafter's logits
 
 
 @pytest.fixture(scope="module")

@@ -202,3 +202,31 @@ def test_a_long_running_stats_history_stays_bounded_while_its_counts_stay_whole(
     assert total.k_history[-4:] == [0, 1, 2, 3]  # the newest steps, in order
     assert total.verify_steps == steps and total.draft_steps == 40 * 375
     assert total.k_mean == 1.5  # over every step, not only the kept ones
+
+
+def test_per_position_counts_match_their_definition_over_random_steps():
+    """drafted_at[i] counts the steps that reached position i, accepted_at[i] those whose draft i was
+    accepted, accepted_rank_at[d][r] the accepted depth-d nodes of rank r; checked against the
+    definitions over random chain, tree and plain steps (long ones included)."""
+    import random
+
+    from edge_eagle.stats import SpecStats
+
+    rng = random.Random(5)
+    s, steps = SpecStats(), []
+    for _ in range(3000):
+        kind = rng.choice(["plain", "chain", "tree", "lookup"])
+        drafted = 0 if kind == "plain" else rng.randint(1, 90)
+        depth = rng.randint(1, min(drafted, 70)) if kind == "tree" else drafted
+        accepted = rng.randint(0, depth)
+        ranks = [rng.randint(0, 5) for _ in range(accepted)] if kind == "tree" else []
+        s.record_step(drafted, accepted, kind, depth, ranks)
+        steps.append((drafted, accepted, depth, ranks))
+    reach = max(d for _, _, d, _ in steps)
+    assert s.drafted_at == [sum(d > i for _, _, d, _ in steps) for i in range(reach)]
+    assert s.accepted_at == [sum(a > i for _, a, _, _ in steps) for i in range(reach)]
+    assert s.draft_steps == sum(d > 0 for d, _, _, _ in steps)
+    deepest = max(len(r) for *_, r in steps)
+    for d in range(deepest):
+        seen = [r[d] for *_, r in steps if len(r) > d]
+        assert s.accepted_rank_at[d] == [seen.count(k) for k in range(max(seen) + 1)]

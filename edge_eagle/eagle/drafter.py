@@ -30,6 +30,7 @@ from .spec import check_pair
 from .tree import TREE_BRANCH, TREE_BRANCH_MAX, TreeDrafter
 
 if TYPE_CHECKING:
+    from ..cycle import StepCycle
     from ..target import Target
 
 Choose = Callable[[np.ndarray], "tuple[int, np.ndarray | None]"]
@@ -161,12 +162,13 @@ class EagleDrafter(Drafter):
         logits, h = self._decode_pending(tokens)
         return self.trees.grow(logits, h, len(tokens) - 2, n_nodes, depth, branch)
 
-    def native_cycle(self, target: "Target") -> FusedCycle | None:
-        """Whole greedy chain cycles in one native call (native.FusedCycle), or None when the fast
-        path is off or the target captures through the eval callback."""
+    def native_cycle(self, target: "Target", steps: "StepCycle") -> FusedCycle | None:
+        """Whole greedy chain cycles in one native call (native.FusedCycle, with `steps` for the
+        other plans), or None when the fast path is off or the target captures through the eval
+        callback."""
         if self.native is None or target.capture_path != "layer_inp" or len(self.target_layers) != 3:
             return None
-        return self.native.fused_cycle(target, self.pending, self.target_layers)
+        return self.native.fused_cycle(steps, target, self.pending, self.target_layers)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

@@ -9,13 +9,16 @@ grows); each call then passes the session's address and a few ints.
 from __future__ import annotations
 
 import ctypes
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .. import _fast
 from .. import gguf_keys as K
+from ..cycle import CycleResult, NativeCycle, StepCycle, new_result
 from ..errors import LlamaCallError
+from ..policy import CHAIN, PLAIN, Plan
 from .batches import ALL_OUTPUTS_MAX, Batches
 from .norms import Norms
 from .pending import PendingRows
@@ -129,37 +132,44 @@ class NativeBatches(Batches):
         # what the session's buffers hold: drafts (and accepted rows' features, rows 0..k), pending rows
         self.kmax, self.nmax = min(len(self.drafts), len(pending.buf) - 1), len(self.rows)
 
-    def fused_cycle(self, target: "Target", pending: PendingRows, target_layers: Sequence[int]) -> "FusedCycle":
+    def fused_cycle(self, steps: StepCycle, target: "Target", pending: PendingRows,
+                    target_layers: Sequence[int]) -> "FusedCycle":
         self.session.target = _fast.Target(target.ctx, target.batch_address, target.memory.handle, target.n_vocab,
                                            target.n_embd, 3, (ctypes.c_uint32 * 3)(*target_layers))
-        return FusedCycle(self, target, pending)
+        return FusedCycle(steps, self, target, pending)
 
 
-class FusedCycle:
+class FusedCycle(NativeCycle):
     """A whole greedy chain cycle in one native call: the drafter's pending rows and chain, the
     target's verify batch, greedy verification, the target's KV cut and the accepted rows'
     features, which wait as the drafter's next pending rows. The same tokens, counts and state
-    as propose(), Target.decode(), verify() and ingest() one after another."""
+    as propose(), Target.decode(), verify() and ingest() one after another (StepCycle)."""
 
-    def __init__(self, batches: NativeBatches, target: "Target", pending: PendingRows):
+    def __init__(self, steps: StepCycle, batches: NativeBatches, target: "Target", pending: PendingRows):
+        super().__init__(steps)
         self.batches, self.target, self.pending = batches, target, pending
         self.native, self.n_batch = batches.lib.cycle, target.n_batch
 
-    def fits(self, k: int) -> bool:
-        """Whether a chain of k drafts can run natively now (a tree verify leaves sequence ids
-        in the target's batch that a chain verify must not inherit)."""
-        return self.target.batch_is_plain and 0 < k < self.n_batch
-
-    def run(self, tokens: Sequence[int], k: int, p_min: float) -> tuple[int, list[int], int, float, float, float]:
-        """(drafted, accepted tokens, bonus token, draft seconds, verify seconds, copy seconds)."""
-        address = self.batches.ready(self.pending, k)
-        waiting, pos0, clear = self.pending.claim(tokens)
-        got = self.native(address, waiting, tokens[-1], pos0, k, p_min, clear)
-        self.target.outputs_replaced()
+    def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
+            trim_to: int | None) -> CycleResult:
+        target, pending, batches = self.target, self.pending, self.batches
+        k = plan.n if plan.n < room else room
+        # a tree verify leaves sequence ids in the target's batch that a chain verify must not inherit
+        if not (capturing and plan.kind == CHAIN and 0 < k < self.n_batch and target.batch_is_plain):
+            return self.steps.run(plan, seq, n_past, room, capturing, trim_to)
+        t0 = perf_counter()
+        # every statement here runs right after llama.cpp's kernels evicted the caches: as few as may be
+        if batches.feats is not pending.buf or k > batches.kmax or pending.rows > batches.nmax:
+            batches.ready(pending, k)
+        waiting, pos0, clear = pending.claim(seq)
+        got = self.native(batches.address, waiting, seq[-1], pos0, k, self.p_min, clear)
+        target.outputs_replaced()
         if isinstance(got, int):
             raise _fast.call_error(got)
-        drafted, accepted, bonus, draft_s, verify_s, copy_s = got
+        drafted, accepted, bonus, draft_s, verify_s, _ = got
         n_past = pos0 + len(waiting) + 1
-        self.target.memory.extend_at(n_past, [tokens[-1], *accepted])  # as Target.decode and remove_from leave it
-        self.pending.wait(accepted, n_past)
-        return drafted, accepted, bonus, draft_s, verify_s, copy_s
+        target.memory.extend_at(n_past, [seq[-1], *accepted])  # as Target.decode and remove_from leave it
+        # the accepted rows wait for their next tokens
+        pending.tokens, pending.pos0, pending.rows = accepted, n_past, len(accepted) + 1
+        return new_result((CHAIN if drafted else PLAIN, drafted, accepted, bonus, drafted, [], draft_s, verify_s,
+                           perf_counter() - t0 - draft_s - verify_s))

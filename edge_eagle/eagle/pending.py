@@ -94,7 +94,7 @@ class PendingRows:
         if not self.rows:
             raise RuntimeError("propose() needs ingested target features first")
         n_past = len(tokens) - 1
-        if self.end != n_past:
+        if self.pos0 + self.rows != n_past:  # (not self.end: one call less on the hot path)
             raise RuntimeError(f"drafter holds rows up to {self.end}, sequence is at {n_past}")
         pending, pos0, clear = self.tokens, self.pos0, self.stale
         if clear:  # llama.cpp accepts any start position on an empty KV, not a gap
@@ -103,12 +103,7 @@ class PendingRows:
         elif self.kv_rows != pos0:
             self.kv_rows = -1
         if self.kv_rows >= 0:  # the KV now holds rows 0..n_past-1, computed from tokens[:n_past + 1]
-            self.kv_tokens.extend(int(t) for t in tokens[len(self.kv_tokens):n_past + 1])
+            self.kv_tokens += tokens[len(self.kv_tokens):n_past + 1]
             self.kv_rows = n_past
         self.tokens, self.rows = [], 0
         return pending, pos0, clear
-
-    def wait(self, tokens: list[int], pos0: int) -> None:
-        """After a native cycle wrote rows' features to buf[:len(tokens) + 1]: those rows, at
-        pos0.., wait for their next tokens (`tokens`, all but the last row's)."""
-        self.tokens, self.pos0, self.rows = tokens, pos0, len(tokens) + 1
