@@ -69,6 +69,9 @@ class Drafter(ABC):
         loop then uses `steps` for every cycle (cycle.py). EagleDrafter has one (eagle/native.py)."""
         return None
 
+    def set_threads(self, n: int) -> None:
+        """Run with n CPU threads from the next call on (drafters with a llama.cpp context)."""
+
     def close(self) -> None:
         """Release native resources."""
 

@@ -54,7 +54,9 @@ class EngineOptions:
         "--drafter", "eagle3 GGUF, 'ngram' (prompt lookup), 'none' (plain decoding) or 'default'"))
     n_ctx: int = field(default=4096, metadata=flag("--n-ctx", "context window in tokens (default %(default)s)", int))
     n_gpu_layers: int = field(default=0, metadata=flag("--gpu-layers", "layers to offload to the GPU (-1: all)", int))
-    n_threads: int | None = field(default=None, metadata=flag("--threads", "CPU threads (default: up to 8)", int))
+    n_threads: int | None = field(default=None, metadata=flag(
+        "--threads", "CPU threads (default: one per core that other programs leave free, up to 8, adapted "
+        "while generating; a number fixes it)", int))
     repack: str | None = field(default=None, metadata=flag(
         "--repack", "llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would run, since "
         "they crash; also $EDGE_EAGLE_REPACK)", choices=list(REPACK_MODES)))

@@ -20,6 +20,7 @@ from .policy import CHAIN, TREE, TREE_DEPTH, DraftPolicy, Plan
 from .sampling import Sampler
 from .stats import SpecStats
 from .target import Target
+from .threads import ThreadGovernor
 
 DRAFT, TARGET = "draft", "target"
 
@@ -67,13 +68,17 @@ class FeatureSwitch:
 
 def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_tokens: int,
               policy: DraftPolicy, sampler: Sampler, stats: SpecStats,
-              p_min: float = 0.0, tree_depth: int = TREE_DEPTH) -> Iterator[tuple[list[int], list[str]]]:
-    """Yield (new tokens, their origins) per step until max_tokens tokens were produced."""
+              p_min: float = 0.0, tree_depth: int = TREE_DEPTH,
+              governor: ThreadGovernor | None = None) -> Iterator[tuple[list[int], list[str]]]:
+    """Yield (new tokens, their origins) per step until max_tokens tokens were produced. A
+    governor (threads.py) sees each cycle's target time."""
     start = reuse_prefix(target, drafter, prompt)
     capture = FeatureSwitch(target, drafter)
     strategy = cycles.choose(target, drafter, sampler, p_min, tree_depth)
     trees = drafter.supports_trees and target.tree_paths > 0
     policy.begin()
+    if governor is not None:
+        governor.begin()
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
@@ -109,6 +114,8 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         stats.t_draft += plan_s + r.propose_s + r.ingest_s
         stats.record_step(r.drafted, n_acc, r.kind, r.depth, r.ranks)
         policy.update(r.drafted, n_acc, r.drafted + 1, r.verify_s, plan_s + r.propose_s)
+        if governor is not None:
+            governor.observe(r.drafted + 1, r.verify_s)
         new = [*r.accepted, r.bonus]
         seq += new
         n_past += n_acc + 1

@@ -224,6 +224,7 @@ class SystemReport:
     cpu_extra_buffer_types: list[str]
     repack: dict[str, Any]
     model_buffers: dict[str, dict[str, float]] = field(default_factory=dict)
+    thread_policy: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,8 +233,24 @@ class SystemReport:
 LLAMA_CPP_COMMIT = "0c1e57098"  # what llama-cpp-python 0.3.36 vendors (NOTES §4)
 
 
+def thread_policy(threads: int | None = None, interval: float = 0.5) -> dict[str, Any]:
+    """The thread policy in force now (threads.py): the decision over `interval` seconds of this
+    machine's load, the governor, and where calibrations are cached."""
+    from . import calibration
+    from .threads import ThreadGovernor, current_decision
+
+    decision = current_decision(threads, interval=interval)
+    gov = ThreadGovernor(lambda n: None, decision)
+    governor = (f"on: fewer threads when a step takes over {gov.slowed}x its calibrated time while other "
+                f"programs use the cores, more again when they stop (looked at every {gov.recheck_s:g} s)"
+                if gov.active
+                else "off: --threads fixes the count")
+    return {**decision.to_dict(), "describe": decision.describe(), "governor": governor,
+            "calibration_cache": str(calibration.cache_path())}
+
+
 def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = None,
-                  repack: str | None = None) -> SystemReport:
+                  repack: str | None = None, threads: int | None = None) -> SystemReport:
     """Everything a bug report about speed or a crash needs; loads the given models to list their buffers."""
     import llama_cpp
     from llama_cpp import llama_cpp as C
@@ -248,7 +265,8 @@ def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = No
         cores=os.cpu_count(), cpu_amx_flags=sorted(f for f in cpu_flags() if f.startswith("amx")),
         threads_default=n_threads_default(), devices=devices(), features=backend_features(),
         cpu_extra_buffer_types=cpu_extra_buffer_types(),
-        repack={"env": os.environ.get(REPACK_ENV), **asdict(decision)}, model_buffers=buffers)
+        repack={"env": os.environ.get(REPACK_ENV), **asdict(decision)}, model_buffers=buffers,
+        thread_policy=thread_policy(threads))
 
 
 def format_report(r: SystemReport) -> str:
@@ -266,4 +284,8 @@ def format_report(r: SystemReport) -> str:
     lines.append(f"weight repacking [{r.repack['mode']}{env}]: {r.repack['reason']}")
     for role, bufs in r.model_buffers.items():
         lines.append(f"{role} buffers: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in bufs.items()))
+    if r.thread_policy:
+        lines.append(f"threads: {r.thread_policy['describe']}")
+        lines.append(f"thread governor: {r.thread_policy['governor']}")
+        lines.append(f"batch-cost calibrations: {r.thread_policy['calibration_cache']}")
     return "\n".join(lines)

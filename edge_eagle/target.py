@@ -95,6 +95,7 @@ class Target:
         self.capture = FeatureCapture(self.capture_path, self.n_layer, self.n_embd)
         self._epoch = 0  # counts decodes: a DecodeResult's feature views hold until the next one
         threads = n_threads or n_threads_default()
+        self.n_threads, self.n_gpu_layers = threads, n_gpu_layers
 
         loaded = load_model(self.path, n_gpu_layers, self.n_layer, repack)
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
@@ -303,6 +304,11 @@ class Target:
     def detokenize(self, tokens: Sequence[int]) -> str:
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return "".join(dec.decode(self.token_bytes(t)) for t in tokens) + dec.decode(b"", final=True)
+
+    def set_threads(self, n: int) -> None:
+        """Decode with n CPU threads from the next call on (the thread policy's governor)."""
+        C.llama_set_n_threads(self.ctx, n, n)
+        self.n_threads = n
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))

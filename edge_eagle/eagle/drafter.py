@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
+from llama_cpp import llama_cpp as C
 
 from .. import _bindings as B
 from .._llama import free_context, free_model, load_model, n_threads_default, new_context
@@ -169,6 +170,9 @@ class EagleDrafter(Drafter):
         if self.native is None or target.capture_path != "layer_inp" or len(self.target_layers) != 3:
             return None
         return self.native.fused_cycle(steps, target, self.pending, self.target_layers)
+
+    def set_threads(self, n: int) -> None:
+        C.llama_set_n_threads(self.ctx, n, n)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
