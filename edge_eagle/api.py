@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from . import defaults
+from . import calibration, defaults
 from .controller import KController
 from .costs import CostModel, measure_batch_costs
 from .drafter import NO_DRAFTER, Drafter, NgramDrafter
@@ -30,6 +30,7 @@ from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
 from .target import Target
+from .threads import LoadMeter, ThreadDecision, ThreadGovernor, decide, usable_cores
 
 AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
 
@@ -89,10 +90,13 @@ class Generation:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
             try:
-                policy = eng.policy(self._k if drafter is not NO_DRAFTER else 0,
-                                    self._tree if drafter is not NO_DRAFTER else None)
+                k = self._k if drafter is not NO_DRAFTER else 0
+                if eng.governor is not None or k == "auto":
+                    eng.prepare_costs()
+                policy = eng.policy(k, self._tree if drafter is not NO_DRAFTER else None)
                 steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
-                                  policy=policy, sampler=sampler, stats=self.stats, p_min=self._p_min)
+                                  policy=policy, sampler=sampler, stats=self.stats, p_min=self._p_min,
+                                  governor=eng.governor)
                 for new, origins in steps:
                     for tok, origin in zip(new, origins):
                         if eng.target.is_eog(tok):
@@ -215,6 +219,7 @@ class EdgeEagle:
         k = _check_k(k)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
+        meter = None if n_threads else LoadMeter()  # other programs' load, measured while the models load
         self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
                              capture=capture, repack=repack, tree_paths=tree_paths)
         self.k, self.p_min, self.k_max = k, p_min, k_max
@@ -236,6 +241,16 @@ class EdgeEagle:
         self.last_stats: SpecStats | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None
+        # the thread policy (threads.py): the count for this machine's load now, adapted while generating
+        self.threads: ThreadDecision = decide(usable_cores(), meter.sample(min_interval=0.1) if meter else None,
+                                              n_threads)
+        self.governor = ThreadGovernor(self._set_threads, self.threads, meter, self._relative_cost) \
+            if self.threads.reason != "forced" else None
+        if self.threads.threads != self.target.n_threads:
+            self._set_threads(self.threads.threads)
+        self.costs: CostModel | None = None  # measured batch costs (calibrate()), shared with the controller
+        self.calibration: dict[str, object] = {"source": None}
+        self._costs_stale = False
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> "EdgeEagle":
@@ -291,14 +306,98 @@ class EdgeEagle:
         return self.auto_controller() if k == "auto" else Fixed(int(k))
 
     def auto_controller(self) -> KController:
-        """The engine's k controller, its target batch costs c(n) measured on first use."""
+        """The engine's k controller over the engine's batch costs (calibrate())."""
         if self.controller is None:
-            costs = CostModel(verify_s=measure_batch_costs(self.target, self.k_max + 1))
+            costs = self.costs if self.costs is not None else self.calibrate()
             trees = self.drafter is not None and self.drafter.supports_trees
             sizes = tuple(n for n in AUTO_TREE_SIZES if n <= self.target.tree_paths) if trees else ()
             self.controller = KController(k_max=self.k_max, costs=costs, lookup=NgramDrafter(),
                                           lookup_max=self.k_max, tree_sizes=sizes)
         return self.controller
+
+    # --- threads and batch costs -----------------------------------------------------------
+
+    def _set_threads(self, n: int) -> None:
+        self.target.set_threads(n)
+        if self.drafter is not None:
+            self.drafter.set_threads(n)
+        self._costs_stale = True  # c(n) was measured at another thread count
+
+    def _relative_cost(self, n: int) -> float:
+        return self.costs.c(n) if self.costs is not None and n > 1 else float(n > 0)
+
+    @property
+    def cost_n_max(self) -> int:
+        return self.k_max + 1
+
+    def calibrate(self, *, use_cache: bool = True, progress=None, should_stop=None) -> CostModel:
+        """Measure the target's batch costs c(n) at the current thread count, or take them from
+        the calibration cache (calibration.py); the controller and the governor use them. Runs
+        after the cached prompt, which stays. Measured while other programs leave the cores
+        idle, they are cached for the next start. Raises nothing when should_stop() ends it
+        early: the costs in use stay (a first calibration then runs to the end)."""
+        threads = self.target.n_threads
+        cache_key = calibration.key(self.target, threads, self.cost_n_max)
+        verify_s = calibration.load(cache_key) if use_cache else None
+        source = "cache"
+        if verify_s is None:
+            meter = LoadMeter()
+            keep = len(self.target.memory.tokens) or None
+            stop = should_stop if self.costs is not None else None
+            verify_s = measure_batch_costs(self.target, self.cost_n_max, keep=keep, should_stop=stop,
+                                           progress=progress)
+            if verify_s is None:
+                assert self.costs is not None
+                return self.costs
+            source = "measured"
+            load = meter.sample()
+            if load is not None and decide(self.threads.cores, load).reason == "idle":
+                calibration.store(cache_key, verify_s)
+        self._use_costs(verify_s, source, threads)
+        assert self.costs is not None
+        return self.costs
+
+    def _use_costs(self, verify_s: Mapping[int, float], source: str, threads: int) -> None:
+        if self.costs is None:
+            self.costs = CostModel(verify_s=dict(verify_s))
+        else:
+            self.costs.calibrate(verify_s)
+        if self.governor is not None:
+            self.governor.calibrated(verify_s[1], threads)
+        self.calibration = {"source": source, "threads": threads, "one_token_ms": round(verify_s[1] * 1e3, 3)}
+        self._costs_stale = False
+
+    def recheck_costs(self, should_stop=None) -> bool | None:
+        """Measure c(n) again (the background re-check of a cached calibration): True when they
+        moved beyond calibration.differs()'s tolerance and were replaced, False when the cache
+        holds, None when should_stop() ended it. Takes the engine's lock."""
+        with self._acquire():
+            if self.costs is None:
+                self.calibrate()
+                return True
+            keep = len(self.target.memory.tokens) or None
+            threads = self.target.n_threads
+            meter = LoadMeter()
+            fresh = measure_batch_costs(self.target, self.cost_n_max, keep=keep, should_stop=should_stop)
+            if fresh is None:
+                return None
+            load = meter.sample()
+            if not calibration.differs(self.costs.verify_s, fresh):
+                return False
+            self._use_costs(fresh, "re-checked", threads)
+            if load is not None and decide(self.threads.cores, load).reason == "idle":
+                calibration.store(calibration.key(self.target, threads, self.cost_n_max), fresh)
+            return True
+
+    def prepare_costs(self) -> None:
+        """Before a generation that needs them: batch costs measured or cached, and measured
+        again when the thread count changed, the single-token step moved (CostModel.shifted) or the
+        controller found its cost predictions wrong (KController.suspect)."""
+        suspect = self.controller is not None and self.controller.suspect
+        if self.costs is None or self._costs_stale or self.costs.shifted or suspect:
+            self.calibrate(use_cache=self.costs is None or (self._costs_stale and not suspect))
+            if self.controller is not None:
+                self.controller.recalibrated()
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, truncate: bool = True, **kwargs) -> Generation:
         """Stream the assistant's reply to `messages`, formatted by the target's chat template.

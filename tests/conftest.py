@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the tests' batch-cost calibrations go to a file of their own, not the user's cache
+os.environ["EDGE_EAGLE_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ee-calib-")) / "calibration.json")
 
 import json  # noqa: E402
 

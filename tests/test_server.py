@@ -37,6 +37,7 @@ class Served:
             time.sleep(0.02)
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=60)
+        assert self.app.state.server.worker.ready.wait(30), "the batch-cost calibration did not finish"
 
     def close(self) -> None:
         self.http.close()

@@ -140,5 +140,10 @@ def model_list(model: str, created: int, drafter: str, k: int | str | None, n_ct
         "edge_eagle": {"drafter": drafter, "k": k, "n_ctx": n_ctx}}]}
 
 
-def health(model: str, running: int, waiting: int) -> dict[str, Any]:
-    return {"status": "ok", "model": model, "running": running, "waiting": waiting}
+def health(model: str, running: int, waiting: int, ready: bool = True,
+           calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "ok" if ready else "loading", "model": model, "running": running,
+                            "waiting": waiting}
+    if calibration is not None:
+        body["calibration"] = dict(calibration)
+    return body

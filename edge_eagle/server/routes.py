@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import EdgeEagleError
@@ -24,9 +24,15 @@ router = APIRouter()
 
 
 @router.get("/health")
-async def health(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+async def health(state: ServerState = Depends(get_state)) -> Any:
+    """200 "ok" when ready; 503 "loading" while the batch costs are being measured (as
+    llama-server answers while it loads), so a client that waits for ready never waits on them."""
     worker = state.worker
-    return responses.health(state.model_id, worker.running, worker.admitted - worker.running)
+    body = responses.health(state.model_id, worker.running, worker.admitted - worker.running,
+                            ready=worker.ready.is_set(), calibration=state.engine.calibration)
+    if not worker.ready.is_set():
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+    return body
 
 
 @router.get("/metrics")

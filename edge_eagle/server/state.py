@@ -37,7 +37,18 @@ class ServerState:
         self.metrics = Metrics()
         self.model_id = os.path.basename(engine.target.path).removesuffix(".gguf")
         self.drafter_name = engine.drafter.name if engine.drafter is not None else "none"
-        self.worker = Worker(engine, opts.max_queue, on_finish=self._finished, on_change=self._queue_changed)
+        self.worker = Worker(engine, opts.max_queue, on_finish=self._finished, on_change=self._queue_changed,
+                             prepare=self._prepare, idle_task=self._recheck)
+
+    def _prepare(self) -> None:
+        """Before ready: the batch costs, measured or from the calibration cache."""
+        with self.engine._acquire():
+            self.engine.prepare_costs()
+
+    def _recheck(self, should_stop) -> None:
+        """When idle: a cached calibration measured again (abandoned when a request comes)."""
+        if self.engine.calibration.get("source") == "cache":
+            self.engine.recheck_costs(should_stop)
 
     def _finished(self, job: Job) -> None:
         gen = job.generation

@@ -7,7 +7,7 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..api import EdgeEagle, Generation
 
@@ -37,8 +37,17 @@ class Worker:
     """Runs jobs on `engine` one after another, in arrival order. At most 1 + max_queue jobs
     are admitted (the running one and those waiting); submit() refuses the rest."""
 
-    def __init__(self, engine: EdgeEagle, max_queue: int, on_change=None, on_finish=None):
+    def __init__(self, engine: EdgeEagle, max_queue: int, on_change=None, on_finish=None,
+                 prepare: Callable[[], None] | None = None, idle_task: Callable[[Callable[[], bool]], Any] |
+                 None = None, idle_after_s: float = 1.0):
         self.engine = engine
+        # prepare() runs first in the worker's thread (the batch-cost calibration); `ready` is set
+        # after it, and jobs admitted before then wait in the queue. idle_task(should_stop) runs
+        # once, when no job has come for idle_after_s seconds; should_stop() turns true when one
+        # arrives, and it then gives up (the background re-check of a cached calibration).
+        self._prepare, self._idle_task, self._idle_after_s = prepare, idle_task, idle_after_s
+        self.ready = threading.Event()
+        self.prepare_error: BaseException | None = None
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -62,8 +71,25 @@ class Worker:
         self._on_change(self.running, self.admitted - self.running)
 
     def _run(self) -> None:
+        try:
+            if self._prepare is not None:
+                self._prepare()
+        except Exception as exc:  # generation still works (it calibrates itself); /health says why
+            self.prepare_error = exc
+        self.ready.set()
         while True:
-            job = self._jobs.get()
+            if self._idle_task is not None:
+                try:
+                    job = self._jobs.get(timeout=self._idle_after_s)
+                except queue.Empty:
+                    task, self._idle_task = self._idle_task, None
+                    try:
+                        task(lambda: not self._jobs.empty())
+                    except Exception:  # a failed re-check leaves the cached costs in use
+                        pass
+                    continue
+            else:
+                job = self._jobs.get()
             if job is None:
                 return
             with self._lock:

@@ -1,0 +1,172 @@
+"""Batch-cost calibration off the request path: measured before the server says ready, cached
+per machine, model and thread count, re-checked in the background, and measured after the
+cached prompt without losing it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from edge_eagle import EdgeEagle, api, calibration
+from edge_eagle.costs import measure_batch_costs
+from edge_eagle.server import create_app
+from edge_eagle.threads import LoadMeter
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("EDGE_EAGLE_CALIBRATION", str(path))
+    monkeypatch.setattr(LoadMeter, "sample", lambda self, min_interval=0.0: 0.0)  # an idle machine
+    return path
+
+
+def _no_measuring(*args, **kwargs):
+    raise AssertionError("measured although a calibration was cached")
+
+
+def test_a_calibration_is_cached_per_model_and_thread_count_and_reused(tiny_target, cache, monkeypatch):
+    with EdgeEagle(tiny_target, None, n_threads=2) as first:
+        costs = dict(first.calibrate().verify_s)
+        assert first.calibration["source"] == "measured" and first.calibration["threads"] == 2
+    assert sorted(costs) == list(range(1, first.cost_n_max + 1))
+    entries = json.loads(cache.read_text())["entries"]
+    assert len(entries) == 1 and json.loads(next(iter(entries)))["threads"] == 2
+    with monkeypatch.context() as m:
+        m.setattr(api, "measure_batch_costs", _no_measuring)
+        with EdgeEagle(tiny_target, None, n_threads=2) as second:
+            assert second.calibrate().verify_s == costs and second.calibration["source"] == "cache"
+    with EdgeEagle(tiny_target, None, n_threads=1) as other:  # another thread count: measured again
+        other.calibrate()
+        assert other.calibration["source"] == "measured"
+    assert len(json.loads(cache.read_text())["entries"]) == 2
+
+
+def test_a_busy_machine_measurement_is_used_but_not_cached(tiny_target, cache, monkeypatch):
+    monkeypatch.setattr(LoadMeter, "sample", lambda self, min_interval=0.0: 2.0)
+    with EdgeEagle(tiny_target, None, n_threads=1) as ee:
+        ee.calibrate()
+        assert ee.calibration["source"] == "measured" and ee.costs is not None
+    assert not cache.exists()
+
+
+def test_a_damaged_cache_is_measured_over(tiny_target, cache):
+    cache.write_text("{not json")
+    with EdgeEagle(tiny_target, None, n_threads=1) as ee:
+        ee.calibrate()
+        assert ee.calibration["source"] == "measured"
+    assert json.loads(cache.read_text())["entries"]
+
+
+def test_measuring_after_the_cached_prompt_keeps_it_and_can_be_abandoned(tiny_target):
+    with EdgeEagle(tiny_target, None, n_threads=1) as ee:
+        ee.generate("Once upon a time", max_tokens=8, k=0).result()
+        held = list(ee.target.memory.tokens)
+        assert held
+        costs = measure_batch_costs(ee.target, 4, reps=2, keep=len(held))
+        assert costs is not None and sorted(costs) == [1, 2, 3, 4]
+        assert ee.target.memory.tokens == held
+        assert measure_batch_costs(ee.target, 4, keep=len(held), should_stop=lambda: True) is None
+        assert ee.target.memory.tokens == held
+        again = ee.generate("Once upon a time", max_tokens=8, k=0).result()
+        assert again.stats.prompt_cached > 0  # the prompt cache survived both
+
+
+def _wait(predicate, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_server_says_loading_until_the_costs_are_measured(tiny_target, cache):
+    engine = EdgeEagle(tiny_target, None, n_ctx=256)
+    release, started = threading.Event(), threading.Event()
+    measure = engine.prepare_costs
+
+    def slow_prepare():
+        started.set()
+        assert release.wait(30)
+        measure()
+
+    engine.prepare_costs = slow_prepare
+    app = create_app(engine)
+    try:
+        http = TestClient(app)
+        assert started.wait(30)
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading" and int(r.headers["Retry-After"]) >= 1
+        answer: dict = {}
+        early = threading.Thread(target=lambda: answer.setdefault(
+            "r", http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "temperature": 0})))
+        early.start()  # a request during loading waits for ready, then is served
+        time.sleep(0.2)
+        assert "r" not in answer
+        release.set()
+        _wait(lambda: http.get("/health").status_code == 200)
+        body = http.get("/health").json()
+        assert body["status"] == "ok" and body["calibration"]["source"] == "measured"
+        early.join(30)
+        assert answer["r"].status_code == 200
+    finally:
+        app.state.server.close()
+        engine.close()
+
+
+def test_a_cached_calibration_is_ready_at_once_and_re_checked_when_idle(tiny_target, cache, monkeypatch):
+    with EdgeEagle(tiny_target, None, n_ctx=256) as first:
+        first.prepare_costs()  # measured and cached
+    engine = EdgeEagle(tiny_target, None, n_ctx=256)
+    checks: list[bool] = []
+    recheck = engine.recheck_costs
+
+    def recorded(should_stop):
+        checks.append(should_stop())
+        return recheck(should_stop)
+
+    engine.recheck_costs = recorded
+    monkeypatch.setattr(api, "measure_batch_costs", _no_measuring)  # ready from the cache ...
+    app = create_app(engine)
+    try:
+        assert app.state.server.worker.ready.wait(30)
+        assert engine.calibration["source"] == "cache"
+        monkeypatch.undo()  # ... and the idle re-check measures
+        monkeypatch.setenv("EDGE_EAGLE_CALIBRATION", str(cache))
+        _wait(lambda: checks)
+        assert checks == [False]
+        _wait(lambda: not engine._lock.locked())
+        assert engine.calibration["source"] in ("cache", "re-checked")
+    finally:
+        app.state.server.close()
+        engine.close()
+
+
+def test_threads_default_to_the_policy_and_a_forced_count_disables_the_governor(tiny_target):
+    with EdgeEagle(tiny_target, None) as auto:
+        assert auto.governor is not None and auto.threads.reason in ("idle", "busy", "unknown load")
+        assert auto.target.n_threads == auto.threads.threads
+    with EdgeEagle(tiny_target, None, n_threads=1) as forced:
+        assert forced.governor is None and forced.threads.reason == "forced" and forced.target.n_threads == 1
+
+
+def test_a_thread_change_re_measures_the_costs_before_the_next_generation(tiny_target, cache):
+    with EdgeEagle(tiny_target, None, n_ctx=256) as ee:
+        ee.generate("Once upon a time", max_tokens=4).result()
+        assert ee.calibration["threads"] == ee.target.n_threads
+        new = 1 if ee.target.n_threads > 1 else 2
+        ee.governor._switch(new, "test")
+        assert ee.target.n_threads == new
+        ee.generate("Once upon a time", max_tokens=4).result()
+        assert ee.calibration["threads"] == new
+
+
+def test_the_calibration_cache_keeps_the_newest_entries(cache):
+    for i in range(calibration.MAX_ENTRIES + 5):
+        calibration.store(f"k{i}", {1: 0.01, 2: 0.02})
+    entries = json.loads(cache.read_text())["entries"]
+    assert len(entries) == calibration.MAX_ENTRIES and "k0" not in entries
+    assert calibration.load(f"k{calibration.MAX_ENTRIES + 4}") == {1: 0.01, 2: 0.02}
