@@ -23,12 +23,13 @@ Per cycle (plan()), the same comparison covers two more proposers:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .costs import CostModel, predicted_speedup
 from .drafter import NgramDrafter
-from .policy import CHAIN, LOOKUP, TREE, DraftPolicy, Plan
+from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
 from .proposal import Proposal
 
 
@@ -103,10 +104,25 @@ class KController(DraftPolicy):
     _tree_tokens: dict[int, float] = field(default_factory=dict)  # N -> EMA of tokens per tree cycle
     _tree_draft_s: dict[int, float] = field(default_factory=dict)  # N -> EMA of drafting seconds per tree
     _last: Plan = field(default_factory=Plan)
+    #: predicted / observed cycle time of recent speculative cycles (median; capped at 1): the
+    #: cost model's honesty. Speculative gains are multiplied by it, so drafts whose costs were
+    #: believed too low lose to plain decoding within a few cycles
+    _trust_seen: deque = field(default_factory=lambda: deque(maxlen=5))
+    trust: float = 1.0
+    _last_cost: float = 0.0  # the plan's predicted cycle cost, in single-token steps
+    #: a cost observed this far beyond its prediction says the calibration is wrong: re-measure
+    suspect_factor: float = 1.5
+    suspect: bool = False
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
             self.acceptance = AcceptanceModel(self.k_max)
+
+    def recalibrated(self) -> None:
+        """The batch costs were measured again: the old predictions' scores no longer apply."""
+        self._trust_seen.clear()
+        self.trust, self.suspect = 1.0, False
+        self._cached = None
 
     def begin(self) -> None:
         self._shadow = None  # a lookup made for the last request's tokens says nothing of this one's
@@ -116,9 +132,9 @@ class KController(DraftPolicy):
         return predicted_speedup(self.acceptance.expected_tokens(k), k, self.costs.c(k + 1), self.costs.d())
 
     def best_k(self) -> int:
-        """argmax_k E(k)/C(k); plain decoding unless the best beats it by `margin`."""
+        """argmax_k E(k)/C(k); plain decoding unless the best, times the trust, beats it by `margin`."""
         best = max(range(self.k_max + 1), key=self.speedup)
-        return best if self.speedup(best) >= 1.0 + self.margin else 0
+        return best if self.speedup(best) * self.trust >= 1.0 + self.margin else 0
 
     def choose(self) -> int:
         # re-decide after new acceptance evidence, else every `reeval_every` cycles
@@ -150,11 +166,25 @@ class KController(DraftPolicy):
     def probe_gap(self) -> int:
         return self._probe_gap or self.probe_every
 
+    def _observe_cost(self, predicted: float, seconds: float) -> None:
+        """Score the plan's predicted cycle cost against the observed one (speculative cycles)."""
+        one = self.costs.verify_s.get(1)
+        if not one or predicted <= 0 or seconds <= 0:
+            return
+        ratio = predicted * one / seconds
+        self._trust_seen.append(ratio)
+        ordered = sorted(self._trust_seen)
+        self.trust = min(1.0, ordered[len(ordered) // 2])
+        if len(ordered) >= 2 and self.trust * self.suspect_factor < 1.0:
+            self.suspect = True
+
     def update(self, drafted: int, accepted: int, verify_tokens: int, verify_s: float, draft_s: float) -> None:
         assert self.acceptance is not None
         self.costs.observe_verify(verify_tokens, verify_s)
         kind, last = self._last.kind, self._last
         self._last = Plan()
+        if drafted and kind != PLAIN:
+            self._observe_cost(self._last_cost, verify_s + draft_s)
         if kind == LOOKUP and drafted:
             return  # plan() scores the whole lookup (through the bonus token) against what was committed
         if kind == TREE and drafted:
@@ -201,6 +231,10 @@ class KController(DraftPolicy):
         return best, best_s
 
     def tree_speedup(self, n: int) -> float:
+        return self._tree_prediction(n)[0]
+
+    def _tree_prediction(self, n: int) -> tuple[float, float]:
+        """(predicted speedup, predicted cost in single-token steps) of a tree of n nodes."""
         assert self.acceptance is not None
         expected = self._tree_tokens.get(n, self.acceptance.expected_tokens(min(n, self.k_max)))
         one = self.costs.verify_s.get(1)
@@ -208,7 +242,8 @@ class KController(DraftPolicy):
             draft = self._tree_draft_s[n] / one
         else:  # before a tree was drafted: one drafter step per depth, about log2 of the budget
             draft = self.costs.d() * max(1, n.bit_length())
-        return expected / (self.costs.c(n + 1) + draft)
+        cost = self.costs.c(n + 1) + draft
+        return expected / cost, cost
 
     def plan(self, tokens: Sequence[int]) -> Plan:
         """This cycle's proposer, from the committed tokens: the best predicted of plain decoding,
@@ -224,7 +259,9 @@ class KController(DraftPolicy):
                 self._lookup_model(n).observe(seen, hits)
         self._shadow = None
         k = self.choose()
-        best, gain = (Plan(CHAIN, k), self.speedup(k)) if k else (Plan(), 1.0)
+        trust = self.trust
+        best, gain = (Plan(CHAIN, k), self.speedup(k) * trust) if k else (Plan(), 1.0)
+        cost = self.costs.cost(k) if k else 0.0
         if self._probing:
             gain = 1.0 + self.margin  # a probe runs unless another proposer predicts a real gain
         if self.lookup is not None:
@@ -232,15 +269,16 @@ class KController(DraftPolicy):
             if draft:
                 self._shadow = (n, len(tokens), draft)
                 m, s = self._best_lookup(n, len(draft))
-                if s > max(gain, 1.0 + self.margin):
-                    best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s
+                if s * trust > max(gain, 1.0 + self.margin):
+                    best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s * trust
+                    cost = self.costs.c(m + 1)
         for n in self.tree_sizes:
-            s = self.tree_speedup(n)
-            if s > max(gain, 1.0 + self.margin):
-                best, gain = Plan(TREE, n), s
+            s, tree_cost = self._tree_prediction(n)
+            if s * trust > max(gain, 1.0 + self.margin):
+                best, gain, cost = Plan(TREE, n), s * trust, tree_cost
         if best.kind != CHAIN and self._probing:
             self._probing = False
             self._plain_run = 0
-        self._last = best
+        self._last, self._last_cost = best, cost
         return best
 

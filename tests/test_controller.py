@@ -148,3 +148,52 @@ def test_one_pass_lookup_choice_equals_its_definition():
             m, s = c._best_lookup(n, 8)
             assert s == max(c.lookup_speedup(n, i) for i in range(1, 9))
             assert c.lookup_speedup(n, m) == s
+
+
+def _simulate(ctl: KController, cycles: int, true_cost, accept_rate: float, seed: int = 0) -> list[tuple[str, int]]:
+    """Drive a controller as the loop does, on a simulated target whose batch of n tokens really
+    takes true_cost(n) seconds; each draft position is accepted with `accept_rate`."""
+    import random
+
+    rng, tokens, plans = random.Random(seed), [1, 2, 3], []
+    for _ in range(cycles):
+        plan = ctl.plan(tokens)
+        k = plan.n if plan.kind != "plain" else 0
+        accepted = 0
+        while accepted < k and rng.random() < accept_rate:
+            accepted += 1
+        ctl.update(k, accepted, k + 1, true_cost(k + 1), 0.0002 * k)
+        tokens += [rng.randrange(1000, 2000) for _ in range(accepted + 1)]  # no repeats: no lookups
+        plans.append((plan.kind, k))
+    return plans
+
+
+def test_costs_that_make_long_drafts_look_free_are_found_out_within_a_few_cycles():
+    free = CostModel(verify_s={n: 0.010 for n in range(1, 10)}, draft_step_s=0.0001)  # a bad calibration
+    ctl = KController(k_max=8, costs=free, lookup=None)
+    plans = _simulate(ctl, 400, lambda n: 0.010 * n, accept_rate=0.4)  # compute-bound: c(n) = n
+    assert plans[0][1] >= 4  # it believed the calibration
+    drafts = [i for i, (_, k) in enumerate(plans) if k > 1]
+    assert drafts == [0]  # one cycle that cost far more than predicted, then plain decoding ...
+    assert sum(k == 1 for _, k in plans[4:]) <= 6  # ... but for the rare 1-token probe
+    assert ctl.trust < 0.7 and ctl.suspect  # and the engine is told to measure c(n) again
+    ctl.recalibrated()
+    assert ctl.trust == 1.0 and not ctl.suspect
+
+
+def test_honest_costs_keep_their_trust_and_a_lone_stall_does_not_stop_drafting():
+    costs = _gpu_like_costs()
+    ctl = KController(k_max=8, costs=costs, lookup=None)
+    stall = {40}
+    n = [0]
+
+    def true_cost(tokens):
+        n[0] += 1
+        return costs_at(tokens) * (20 if n[0] in stall else 1)
+
+    def costs_at(tokens):
+        return 0.010 * (1 + 0.05 * (tokens - 1))
+
+    plans = _simulate(ctl, 120, true_cost, accept_rate=0.9)
+    assert all(k >= 4 for _, k in plans[60:])
+    assert ctl.trust > 0.8 and not ctl.suspect
