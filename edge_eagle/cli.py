@@ -74,7 +74,7 @@ def cmd_system(args: argparse.Namespace) -> int:
         models["target"] = target
     if args.file:
         models["drafter" if _describe(args.file)["kind"] == "drafter" else "model"] = args.file
-    report = system_report(args.gpu_layers, models, repack=args.repack)
+    report = system_report(args.gpu_layers, models, repack=args.repack, threads=args.n_threads)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return 0
 
@@ -153,10 +153,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .threads import current_decision
     from .train import TrainOptions, train_drafter
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(current_decision(args.threads).threads)  # the thread policy, as for llama.cpp
     opts = TrainOptions(steps=args.steps, ttt_steps=args.ttt, lr=args.lr, batch_rows=args.batch_rows,
                         draft_vocab=args.draft_vocab, eagle31=args.norms == "eagle3.1", device=args.device,
                         seed=args.seed, hf_target=args.hf_target, eval_every=args.eval_every, init=args.init,
@@ -216,8 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                                            cors_origins=tuple(args.cors_origin or ()), k=args.k))
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
-              f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1",
-              file=sys.stderr)
+              f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1; "
+              f"threads: {ee.threads.describe()}", file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -363,7 +363,7 @@ def _add_inspect(sub: Any) -> None:
                    help="print the llama.cpp build, its backends and devices, the CPU features, the weight "
                         "buffer types in use and why, and the thread count")
     i.add_argument("--gpu-layers", type=int, default=0, help="with --system: layers offloaded, as you run them")
-    EngineOptions.add_arguments(i, only=["repack"])
+    EngineOptions.add_arguments(i, only=["repack", "n_threads"])
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 

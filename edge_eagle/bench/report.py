@@ -21,7 +21,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Target `{report['target']}`, {p['count']} prompts ({p['set']}; {len(p['categories'])} categories), "
         f"greedy, up to {s['max_tokens']} tokens each.",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['memory_gib']} GiB, {m['backend']}.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['memory_gib']} GiB, {m['backend']}"
+        + (f"; other programs' load during the runs: {m['other_load_during_run']} cores"
+           if m.get("other_load_during_run") is not None else "") + ".",
         "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
         "median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
         "memory-bound = the same with c(n) = 1 for n ≤ 8. Greedy = plain: outputs identical to plain "

@@ -3,12 +3,14 @@ the memory phase, the divergence check and the report (summary.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import sys
 from typing import Any
 
 from ..costs import measure_batch_costs
+from ..threads import LoadMeter, current_decision, decide
 from .divergence import divergences
 from .memory import memory_phase
 from .options import BenchOptions
@@ -20,16 +22,15 @@ from .summary import summarize
 __all__ = ["BenchOptions", "run_bench"]
 
 
-def _machine(threads: int | None, repack: str | None) -> dict[str, Any]:
+def _machine(threads: int, repack: str | None) -> dict[str, Any]:
     from .. import system
-    from .._llama import n_threads_default
 
     mem = None
     try:
         mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         pass
-    return {"cpu": system.cpu_name(), "cores": os.cpu_count(), "threads": threads or n_threads_default(),
+    return {"cpu": system.cpu_name(), "cores": os.cpu_count(), "threads": threads,
             "memory_gib": mem, "os": platform.platform(), "python": platform.python_version(),
             "backend": "llama.cpp CPU (llama-cpp-python 0.3.36)", "repack": system.repack_for(0, None, repack).reason}
 
@@ -38,6 +39,14 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     prompts = load_prompts(opts.prompts, opts.limit, opts.every)
+    # the thread policy's count for this machine now, fixed for every runner (a fair comparison)
+    decision = current_decision(opts.threads)
+    if decision.reason == "busy":
+        print(f"edge-eagle bench: warning: other programs keep {decision.other_load:.1f} of {decision.cores} cores "
+              "busy; timings will be noisy and slower (close them, or compare only ratios from this run).",
+              file=sys.stderr)
+    opts = dataclasses.replace(opts, threads=decision.threads)
+    meter = LoadMeter()
     bench = Bench(opts)
     try:
         runners = bench.runners
@@ -45,7 +54,7 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         bar = tqdm(total=len(prompts) * len(runners) + n_mem + 2, desc="bench", unit="run", disable=not progress,
                    file=sys.stderr)
         bar.set_postfix_str("measuring target costs")
-        costs = measure_batch_costs(bench.engines[0].target, max([8, *opts.ks, *opts.trees]) + 1, reps=5)
+        costs = measure_batch_costs(bench.engines[0].target, max([8, *opts.ks, *opts.trees]) + 1, reps=5) or {}
         bar.update(1)
         if opts.warmup:
             tokens, text = bench.prompt_tokens(prompts[0])
@@ -66,7 +75,13 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         noise, found = divergences(bench, prompts, prompt_ids, results)
         bar.update(1)
         bar.close()
-        machine = _machine(opts.threads, opts.repack)
+        machine = _machine(decision.threads, opts.repack)
+        load = meter.sample()
+        machine["thread_policy"] = decision.describe()
+        machine["other_load_during_run"] = None if load is None else round(load, 2)
+        if load is not None and decide(decision.cores, load).reason == "busy":
+            print(f"edge-eagle bench: warning: other programs used {load:.1f} cores on average during the timed "
+                  "runs; the figures are from a busy machine.", file=sys.stderr)
         return summarize(bench, prompts, results, costs, peak, machine, found, noise)
     finally:
         bench.close()

@@ -38,8 +38,11 @@ def train_drafter(target_path: str | Path, data: str, out: Path, opts: TrainOpti
     n = int(read_gguf(target_path).require(K.BLOCK_COUNT))
     chosen = (int(layers[0]), int(layers[1]), int(layers[2])) if layers else (2, n // 2, n - 3)
     features = features or default_features_dir(target_path, data, chosen, regenerate, turns)
+    from ..threads import current_decision
+
+    threads = current_decision(n_threads).threads  # the thread policy: cores other programs leave free
     target = Target(target_path, n_ctx=max_prompt + max_new + 8, n_seq=max(1, parallel), n_gpu_layers=n_gpu_layers,
-                    n_threads=n_threads, repack=repack)
+                    n_threads=threads, repack=repack)
     try:
         manifest = extract(target, chosen, conversations(data), features, max_tokens=max_tokens,
                            regenerate=regenerate, max_prompt=max_prompt, max_new=max_new, progress=progress,
