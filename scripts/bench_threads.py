@@ -13,7 +13,9 @@ configurations run in rotating order. Speeds are decode tokens/s (prefill exclud
   - `policy, long-lived`: one engine made at the start on the idle machine, default thread policy
     (its governor must notice the load when it comes);
   - `policy, new`: an engine made inside the block (its decision sees the load);
-  - `threads=N` for N = cores, cores - 1, 1 (forced).
+  - `threads=N` for N = cores, cores - 1, 1 (forced);
+  - `threads=cores, pool poll=P`: a persistent ggml thread pool at polling level P attached through
+    llama_attach_threadpool (the waiting mode; llama.cpp's default makes a pool per graph, poll 50).
   Reported per condition: median and range over rounds x prompts, and each against the best fixed count.
 - auto: per-prompt tokens/s ratio of k=auto to plain decoding on MT-bench first turns, one long-lived
   engine with the default drafter and thread policy, the two runs back to back in alternating order.
@@ -25,6 +27,7 @@ configurations run in rotating order. Speeds are decode tokens/s (prefill exclud
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import socket
 import statistics
@@ -74,6 +77,44 @@ class Busy:
             p.wait(timeout=10)
 
 
+class ThreadpoolParams(ctypes.Structure):
+    """ggml.h's struct ggml_threadpool_params (GGML_MAX_N_THREADS = 512)."""
+
+    _fields_ = [("cpumask", ctypes.c_bool * 512), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
+                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
+
+
+class Pool:
+    """A persistent ggml thread pool with a polling level, attached to a llama.cpp context (the
+    waiting-mode variants: without one, llama.cpp makes a pool per graph at polling level 50)."""
+
+    def __init__(self, ctx: Any, n_threads: int, poll: int):
+        import llama_cpp
+
+        lib = Path(llama_cpp.__file__).parent / "lib"
+        self.base = ctypes.CDLL(str(lib / "libggml-base.so"))
+        self.cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
+        self.llama = ctypes.CDLL(str(lib / "libllama.so"))
+        self.base.ggml_threadpool_params_default.restype = ThreadpoolParams
+        self.base.ggml_threadpool_params_default.argtypes = [ctypes.c_int]
+        self.cpu.ggml_threadpool_new.restype = ctypes.c_void_p
+        self.cpu.ggml_threadpool_new.argtypes = [ctypes.POINTER(ThreadpoolParams)]
+        self.cpu.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
+        self.llama.llama_attach_threadpool.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.llama.llama_detach_threadpool.argtypes = [ctypes.c_void_p]
+        params = self.base.ggml_threadpool_params_default(n_threads)
+        params.poll = poll
+        self.pool = self.cpu.ggml_threadpool_new(ctypes.byref(params))
+        if not self.pool:
+            raise RuntimeError("ggml_threadpool_new failed")
+        self.ctx = ctypes.cast(ctx, ctypes.c_void_p)
+        self.llama.llama_attach_threadpool(self.ctx, self.pool, self.pool)
+
+    def close(self) -> None:
+        self.llama.llama_detach_threadpool(self.ctx)
+        self.cpu.ggml_threadpool_free(self.pool)
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
             "max": round(max(values), 3), "n": len(values)}
@@ -93,6 +134,10 @@ def part_plain(args: argparse.Namespace, bar: tqdm) -> dict[str, Any]:
     cores = usable_cores()
     counts = sorted({cores, max(1, cores - 1), 1}, reverse=True)
     fixed = {f"threads={c}": EdgeEagle(None, None, n_threads=c) for c in counts}
+    pools = []
+    for poll in args.polls:  # waiting modes: a persistent pool at this polling level, all cores
+        eng = fixed[f"threads={cores}, pool poll={poll}"] = EdgeEagle(None, None, n_threads=cores)
+        pools.append(Pool(eng.target.ctx, cores, poll))
     long_lived = EdgeEagle(None, None)
     speeds: dict[str, dict[str, list[float]]] = {"idle": {}, "busy": {}}
     threads_seen: dict[str, list[int]] = {"idle": [], "busy": []}
@@ -112,6 +157,8 @@ def part_plain(args: argparse.Namespace, bar: tqdm) -> dict[str, Any]:
                     threads_seen[cond].append(long_lived.target.n_threads)
                     new.close()
     finally:
+        for pool in pools:
+            pool.close()
         for eng in fixed.values():
             eng.close()
         events = [vars(e) for e in long_lived.governor.events] if long_lived.governor else []
@@ -228,11 +275,14 @@ def main() -> int:
     ap.add_argument("--n-auto", type=int, default=96, help="tokens per auto/plain run")
     ap.add_argument("--limit", type=int, default=8, help="MT-bench first turns for the auto part")
     ap.add_argument("--busy", type=int, default=1, help="busy-loop processes in the busy condition")
+    ap.add_argument("--polls", type=int, nargs="*", default=[0, 50],
+                    help="also run plain decoding on all cores with a persistent ggml thread pool at these polling "
+                         "levels (0: no spinning; default: 0 50)")
     ap.add_argument("--duty", type=float, default=1.0, help="share of a core each busy loop uses (default 1)")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
     cores = usable_cores()
-    total = {"plain": args.rounds * 2 * len(PROMPTS) * (2 + len({cores, max(1, cores - 1), 1})),
+    total = {"plain": args.rounds * 2 * len(PROMPTS) * (2 + len({cores, max(1, cores - 1), 1}) + len(args.polls)),
              "auto": 2 * args.limit, "ttft": 2}
     report: dict[str, Any] = {"cpu": cpu_name(), "cores": cores, "busy_processes": args.busy, "duty": args.duty,
                               "date": time.strftime("%Y-%m-%d"),
