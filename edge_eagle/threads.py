@@ -231,7 +231,7 @@ class ThreadGovernor:
                     self._hold_down = now + self.recheck_s * self._backoff
                 else:
                     self._next_look = now + self.recheck_s * self._backoff
-                self._switch(before, f"{self.threads} thread{'s' if self.threads != 1 else ''} were not faster "
+                self._switch(before, f"{self.threads} thread{'s were' if self.threads != 1 else ' was'} not faster "
                              f"({step * 1e3:.1f} ms per step against {before_step * 1e3:.1f})")
                 return
             self._backoff = 1.0
