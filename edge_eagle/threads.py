@@ -182,7 +182,7 @@ class ThreadGovernor:
     threads: int = 0
     reference: dict[int, float] = field(default_factory=dict)  # threads -> seconds per step
     events: list[GovernorEvent] = field(default_factory=list)
-    _window: deque = field(default_factory=lambda: deque(maxlen=8))
+    _window: deque = field(default_factory=lambda: deque(maxlen=8))  # (tokens, seconds) of recent cycles
     _cycles: int = 0
     _next_look: float = 0.0
     _backoff: float = 1.0
@@ -211,13 +211,14 @@ class ThreadGovernor:
         self.reference[threads or self.threads] = step_s
 
     def observe(self, n_tokens: int, seconds: float) -> None:
-        if not self.active or seconds <= 0:
-            return
-        self._window.append(seconds / max(1.0, self.cost(n_tokens)))
+        """One cycle's target seconds for a batch of n_tokens (cheap: the loop calls it every cycle;
+        the normalising and the checks run every check_every cycles)."""
+        self._window.append((n_tokens, seconds))
         self._cycles += 1
         # a changed count is judged on a full window (the first steps after a change are noisy)
-        if self._cycles % self.check_every == 0 and len(self._window) >= (8 if self._trial else 4):
-            self._check(statistics.median(self._window))
+        if self._cycles % self.check_every == 0 and len(self._window) >= (8 if self._trial else 4) and self.active:
+            costs = {n: max(1.0, self.cost(n)) for n in {n for n, _ in self._window}}
+            self._check(statistics.median([s / costs[n] for n, s in self._window]))
 
     def _check(self, step: float) -> None:
         self._tick_meter()
