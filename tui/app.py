@@ -112,6 +112,7 @@ class EdgeEagleChat(App):
     def load_models(self) -> None:
         try:
             engine = EdgeEagle.from_options(self.options)
+            engine.prepare_costs()  # batch costs now (or from the cache), not on the first message
             self.post_message(self.Loaded(engine, None))
         except EdgeEagleError as e:
             self.post_message(self.Loaded(None, str(e)))
