@@ -290,8 +290,8 @@ class EdgeEagle:
             raise ContextOverflowError(
                 f"The prompt ({len(tokens)} tokens) does not fit the context window ({self.target.n_ctx} tokens); "
                 "shorten it or raise n_ctx.")
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise EdgeEagleError("Sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+        if temperature < 0 or not 0 <= top_p <= 1 or top_k < 0:
+            raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1 and top_k >= 0.")
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,

@@ -209,11 +209,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0:
         raise EdgeEagleError("--max-queue must be 0 or more; pass e.g. --max-queue 8.")
+    if args.max_body_mb <= 0:
+        raise EdgeEagleError("--max-body-mb must be more than 0; pass e.g. --max-body-mb 8.")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"edge-eagle: serving on {args.host} without --api-key: anyone who can reach this port can use it.",
               file=sys.stderr)
     with EdgeEagle.from_options(EngineOptions.from_args(args)) as ee:
         app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
+                                           max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                                           strict_model=args.strict_model,
                                            cors_origins=tuple(args.cors_origin or ()), k=args.k))
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
               f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1; "
@@ -254,6 +258,11 @@ def _add_serve(sub: Any) -> None:
     sv.add_argument("--cors-origin", action="append", help="allow browser requests from this origin (repeatable)")
     sv.add_argument("--max-queue", type=int, default=8,
                     help="requests that may wait behind the running one; more get 503 (default 8)")
+    sv.add_argument("--max-body-mb", type=float, default=8.0,
+                    help="largest request body in MiB; larger ones get 413 (default 8)")
+    sv.add_argument("--strict-model", action="store_true",
+                    help="answer 404 to requests naming another model (default: any name serves the loaded one, "
+                         "as with llama-server)")
     sv.set_defaults(func=cmd_serve)
 
 

@@ -28,7 +28,9 @@ class Sampler:
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """The target distribution after temperature, top-k and top-p, as float64."""
         p = self.params
-        z = logits.astype(np.float64) / p.temperature
+        z = logits.astype(np.float64)
+        with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
+            z = (z - z.max()) / p.temperature
         if 0 < p.top_k < z.shape[-1]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z >= kth, z, -np.inf)

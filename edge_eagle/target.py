@@ -283,7 +283,11 @@ class Target:
     # --- text --------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (a "\udc80" escape in JSON) is no text
+            raise EdgeEagleError(f"The text has an invalid character ({text[exc.start]!r} at position {exc.start}: "
+                                 "a lone UTF-16 surrogate); send valid Unicode text.") from None
         cap = len(data) + 16
         buf = (C.llama_token * cap)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)

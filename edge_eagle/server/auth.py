@@ -27,7 +27,8 @@ class ApiKeyMiddleware:
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
                 self.metrics.requests.labels(scope["path"], "401").inc()
                 response = error_response(401, "Missing or wrong API key; send the header "
-                                          "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                                          "'Authorization: Bearer <key>'.", code="invalid_api_key",
+                                          headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

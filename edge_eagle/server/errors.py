@@ -36,14 +36,19 @@ async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONRe
     if first.get("type") == "json_invalid":
         return error_response(400, "The request body is not valid JSON; send a JSON object.")
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not loc and ": " in msg:  # a check of the whole body names its field first ("tools: ...")
+        field, _, msg = msg.partition(": ")
+        loc = [field]
     where = ".".join(loc) or "body"
-    return error_response(400, f"Invalid '{where}': {first.get('msg', 'invalid value')}; fix it and retry.",
-                          param=where)
+    return error_response(400, f"Invalid '{where}': {msg}; fix it and retry.", param=where)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    path = request.url.path if exc.status_code != 404 else "(unknown)"  # no label per probed path
+    get_state(request).metrics.requests.labels(path, str(exc.status_code)).inc()
     return error_response(exc.status_code, f"{exc.detail}; see GET /v1/models and the README for the endpoints.",
-                          code=str(exc.status_code))
+                          code=str(exc.status_code), headers=getattr(exc, "headers", None))  # 405: Allow
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -17,12 +17,12 @@ from .schemas import Sampling
 from .state import ServerState
 from .worker import Job
 
-DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
 
-
-def check_model(state: ServerState, body: Sampling) -> None:
-    if body.model not in (None, "", state.model_id, "default"):
-        raise APIError(404, f"The model '{body.model}' does not exist here; use '{state.model_id}' "
+def check_model(state: ServerState, name: str | None) -> None:
+    """Any model name serves the loaded model, as with llama-server (an app configured for another
+    model's name works); with the strict option, only its id or "default"."""
+    if state.options.strict_model and name not in (None, "", state.model_id, "default"):
+        raise APIError(404, f"The model '{name}' does not exist here; use '{state.model_id}' "
                        "(GET /v1/models).", param="model", code="model_not_found")
 
 
@@ -56,7 +56,7 @@ def job_finish_reason(job: Job) -> str:
 
 async def respond(state: ServerState, request: Request, body: Sampling, prompt: list[int], kind: str) -> Any:
     """Run `prompt` for a request of `kind` ("chat" or "text"): a response body, or an SSE stream."""
-    check_model(state, body)
+    check_model(state, body.model)
     opts = state.options
     job = Job(prompt, generate_options(state, body, prompt), asyncio.get_running_loop())
     if not state.worker.submit(job):
@@ -77,23 +77,32 @@ async def respond(state: ServerState, request: Request, body: Sampling, prompt: 
     return responses.completion(env, text, job_finish_reason(job), figures(state, job))
 
 
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Wait for the client's disconnect (the body has been read: the next ASGI message is it)
+    and cancel the job: it stops at its next step, whether tokens are flowing or not."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
 async def collect(request: Request, job: Job) -> tuple[str, Exception | None]:
     """The job's whole text and its error, if any; cancels the job if the client disconnects."""
     parts: list[str] = []
     error = None
-    while True:
-        try:
-            kind, value = await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-            continue
-        if kind == "token":
-            parts.append(value.text)
-        elif kind == "error":
-            error = value
-        else:
-            return "".join(parts), error
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job))
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "token":
+                parts.append(value.text)
+            elif kind == "error":
+                error = value
+            else:
+                return "".join(parts), error
+    finally:
+        watcher.cancel()
 
 
 async def stream(state: ServerState, job: Job, env: responses.Envelope, include_usage: bool) -> AsyncIterator[str]:

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import EdgeEagleError
 from . import responses
 from .errors import APIError
-from .generation import respond
+from .generation import check_model, respond
 from .schemas import ChatRequest, CompletionRequest
 from .state import ServerState, get_state
 
@@ -48,6 +48,16 @@ async def models(state: ServerState = Depends(get_state)) -> dict[str, Any]:
                                 state.options.k, target.n_ctx)
 
 
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """The loaded model (client.models.retrieve); any name is it, unless the server is strict."""
+    check_model(state, model_id)
+    state.metrics.requests.labels("/v1/models/{id}", "200").inc()
+    target = state.engine.target
+    return responses.model_list(state.model_id, int(os.path.getmtime(target.path)), state.drafter_name,
+                                state.options.k, target.n_ctx)["data"][0]
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest, state: ServerState = Depends(get_state)) -> Any:
     # OpenAI's newer "developer" role is what chat templates know as "system"
@@ -58,11 +68,18 @@ async def chat_completions(request: Request, body: ChatRequest, state: ServerSta
         text = await run_in_threadpool(engine.apply_chat_template, messages)
     except EdgeEagleError as exc:
         raise APIError(400, str(exc), param="messages") from None
-    prompt = await run_in_threadpool(engine.target.tokenize, text, add_special=False)
+    prompt = await _tokenize(state, text, "messages", add_special=False)
     return await respond(state, request, body, prompt, "chat")
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest, state: ServerState = Depends(get_state)) -> Any:
-    prompt = await run_in_threadpool(state.engine.target.tokenize, body.text())
+    prompt = await _tokenize(state, body.text(), "prompt")
     return await respond(state, request, body, prompt, "text")
+
+
+async def _tokenize(state: ServerState, text: str, param: str, add_special: bool = True) -> list[int]:
+    try:
+        return await run_in_threadpool(state.engine.target.tokenize, text, add_special=add_special)
+    except EdgeEagleError as exc:  # text that is not valid Unicode
+        raise APIError(400, str(exc), param=param) from None

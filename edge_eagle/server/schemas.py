@@ -1,11 +1,15 @@
 """Request bodies of the OpenAI endpoints, validated by pydantic. Unknown fields are ignored,
-as OpenAI-compatible servers do, so clients that send more than we use keep working."""
+as OpenAI-compatible servers do, so clients that send more than we use keep working. An explicit
+`null` means the field is absent (the OpenAI API allows it; its Python SDK sends it). Fields that
+change the output and are not implemented (penalties, logit_bias, logprobs, structured output,
+tools, echo, suffix, best_of) are refused with a 400 that says so, unless they carry their
+default value: a request is never answered as if they were absent."""
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class TextPart(BaseModel):
@@ -32,6 +36,22 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+#: fields not implemented, and the value each may carry (its default, meaning "off")
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "presence_penalty": (0, "repetition penalties are not implemented"),
+    "frequency_penalty": (0, "repetition penalties are not implemented"),
+    "repeat_penalty": (1, "repetition penalties are not implemented"),
+    "logit_bias": ({}, "logit_bias is not implemented"),
+    "logprobs": (False, "logprobs are not implemented"),
+    "top_logprobs": (0, "logprobs are not implemented"),
+    "best_of": (1, "best_of is not implemented (one completion per request)"),
+    "echo": (False, "echo is not implemented"),
+    "suffix": ("", "suffix (insertion) is not implemented"),
+    "tools": ([], "tool calls are not implemented; send the request without tools"),
+    "functions": ([], "function calls are not implemented; send the request without functions"),
+}
+
+
 class Sampling(BaseModel):
     """Fields both endpoints share."""
 
@@ -40,13 +60,41 @@ class Sampling(BaseModel):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)  # 0 keeps the most probable token only
     top_k: int = Field(0, ge=0)  # extension (llama.cpp, vLLM)
-    seed: int | None = None
+    seed: int | None = None  # negative (llama.cpp front ends send -1): random
     stop: Union[str, list[str], None] = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        for name, (off, why) in UNSUPPORTED.items():
+            value = data.get(name, off)
+            if value not in (off, None) and not (off == [] and value == []):
+                raise ValueError(f"{name}: {why}")
+        if data.get("tool_choice") not in (None, "none", "auto"):
+            raise ValueError("tool_choice: tool calls are not implemented; send the request without tools")
+        return data
+
+    @field_validator("seed")
+    @classmethod
+    def _random_seed(cls, v: int | None) -> int | None:
+        return None if v is not None and v < 0 else v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError(f"'{v.get('type')}' is not implemented (structured output); send "
+                             "response_format {\"type\": \"text\"} or none")
+        return v
 
     @field_validator("n")
     @classmethod

@@ -22,6 +22,8 @@ class ServerOptions:
     cors_origins: tuple[str, ...] = ()
     k: int | str | None = None  # draft length for every request (None: the engine's)
     retry_after_s: int = 2
+    max_body_bytes: int = 8 << 20  # larger request bodies get 413
+    strict_model: bool = False  # True: a request naming another model gets 404 (else any name serves this one)
 
 
 class ServerState:

@@ -1,0 +1,129 @@
+"""What real clients send: each input gets its answer, or a 4xx OpenAI-style JSON error, and the
+next request on the same connection succeeds (uvicorn on 127.0.0.1, one keep-alive client)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.test_server import CHAT, Served, engine  # noqa: F401  (the module-scoped engine fixture)
+
+TEXT = {"prompt": "Once upon a time", "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    s = Served(engine, max_queue=2, max_body_bytes=64 << 10)
+    yield s
+    s.close()
+
+
+def _ok_after(s: Served) -> None:
+    """The same connection still serves: the next request succeeds."""
+    r = s.http.post("/v1/completions", json={**TEXT, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("body", [
+    {**TEXT, "temperature": None, "top_p": None, "n": None, "stream": None, "stop": None, "seed": None},
+    {**TEXT, "seed": -1, "temperature": 0.8},
+    {**TEXT, "temperature": 1e-308},
+    {**TEXT, "top_p": 0},
+    {**TEXT, "model": "gpt-4o-mini"},
+    {**TEXT, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [],
+     "echo": False, "best_of": 1, "response_format": {"type": "text"}, "tool_choice": "auto"},
+])
+def test_inputs_real_clients_send_are_answered(served, body):
+    r = served.http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    _ok_after(served)
+
+
+def test_top_p_zero_and_a_tiny_temperature_keep_the_most_probable_token(served):
+    greedy = served.http.post("/v1/completions", json={**TEXT, "temperature": 0}).json()["choices"][0]["text"]
+    for extra in ({"top_p": 0, "temperature": 1.0, "seed": 3}, {"temperature": 1e-308, "seed": 3}):
+        assert served.http.post("/v1/completions", json={**TEXT, **extra}).json()["choices"][0]["text"] == greedy
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+def test_json_is_read_as_json_whatever_the_content_type(served, content_type):
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = served.http.post("/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 4}', headers=headers)
+    assert r.status_code == 200, r.text
+    _ok_after(served)
+
+
+@pytest.mark.parametrize("body,param", [
+    ('{"prompt": "hi \\udc80", "max_tokens": 4}', "prompt"),  # a lone surrogate: no text
+    ({**TEXT, "logprobs": True}, "logprobs"),
+    ({**TEXT, "logprobs": 2}, "logprobs"),
+    ({**TEXT, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**TEXT, "frequency_penalty": 1}, "frequency_penalty"),
+    ({**TEXT, "logit_bias": {"42": 5}}, "logit_bias"),
+    ({**TEXT, "echo": True}, "echo"),
+    ({**TEXT, "suffix": "The end."}, "suffix"),
+    ({**TEXT, "best_of": 2}, "best_of"),
+    ({**TEXT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**TEXT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({**TEXT, "tool_choice": "required"}, "tool_choice"),
+])
+def test_inputs_that_cannot_be_honoured_get_a_400_that_names_them(served, body, param):
+    kw = {"content": body.encode()} if isinstance(body, str) else {"json": body}
+    r = served.http.post("/v1/completions", **kw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert (param if param != "prompt" else "surrogate") in err["message"]
+    _ok_after(served)
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_a_400(served):
+    r = served.http.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "a \\ud800"}]}')
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+    _ok_after(served)
+
+
+def test_models_retrieve_openapi_and_method_errors(served):
+    mid = served.http.get("/v1/models").json()["data"][0]["id"]
+    one = served.http.get(f"/v1/models/{mid}")
+    assert one.status_code == 200 and one.json()["id"] == mid and one.json()["object"] == "model"
+    assert served.http.get("/v1/models/gpt-4o-mini").json()["id"] == mid  # any name is the loaded model
+    spec = served.http.get("/openapi.json")
+    assert spec.status_code == 200 and "/v1/chat/completions" in spec.json()["paths"]
+    wrong = served.http.get("/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.headers["Allow"] == "POST" and wrong.json()["error"]
+    missing = served.http.get("/v2/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]
+    _ok_after(served)
+
+
+def test_a_body_over_the_limit_is_413(served):
+    r = httpx.post(f"{served.url}/v1/completions", json={**TEXT, "junk": "x" * (70 << 10)}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    _ok_after(served)
+
+
+def test_a_strict_server_refuses_other_model_names(engine):
+    s = Served(engine, strict_model=True)
+    try:
+        r = s.http.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"})
+        assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
+        assert s.http.get("/v1/models/gpt-9").status_code == 404
+        assert s.http.post("/v1/chat/completions", json={**CHAT, "model": "default"}).status_code == 200
+    finally:
+        s.close()
+
+
+def test_a_non_streaming_client_that_leaves_is_cancelled_within_a_few_steps(served, engine):
+    long = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0.9, "seed": 5}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{served.url}/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.3))
+    deadline = time.monotonic() + 20
+    while served.http.get("/health").json()["running"]:
+        assert time.monotonic() < deadline, "the abandoned generation kept running"
+        time.sleep(0.02)
+    assert engine.last_stats is not None and engine.last_stats.generated < 200
+    _ok_after(served)
