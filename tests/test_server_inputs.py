@@ -8,9 +8,16 @@ import time
 import httpx
 import pytest
 
-from tests.test_server import CHAT, Served, engine  # noqa: F401  (the module-scoped engine fixture)
+from tests.test_server import CHAT, Served, make_engine
 
 TEXT = {"prompt": "Once upon a time", "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target, tiny_drafters):
+    ee = make_engine(tiny_target, tiny_drafters)
+    yield ee
+    ee.close()
 
 
 @pytest.fixture(scope="module")
