@@ -63,7 +63,8 @@ class StepCycle:
         if plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
             return drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
                                         depth=min(self.tree_depth, room))
-        return drafter.propose(seq, min(plan.n, room), self.p_min, self.choose).truncated(room)
+        choose = self.sampler.drafter_at(len(seq)) if self.sampler.seeded else self.choose
+        return drafter.propose(seq, min(plan.n, room), self.p_min, choose).truncated(room)
 
     def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
             trim_to: int | None) -> CycleResult:
@@ -76,7 +77,7 @@ class StepCycle:
         target, last = self.target, seq[-1]
         if proposal.is_chain:
             res = target.decode([last, *proposal.tokens], n_past, "all" if proposal.tokens else "last")
-            n_acc, bonus = verify(self.sampler, res.logits, proposal)
+            n_acc, bonus = verify(self.sampler, res.logits, proposal, n_past + 1)
             if n_acc < len(proposal):
                 target.memory.remove_from(n_past + n_acc + 1)
             accepted = list(proposal.tokens[:n_acc])
@@ -84,7 +85,7 @@ class StepCycle:
             ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
         else:
             res = target.decode_tree(last, proposal.tokens, proposal.parents, n_past)
-            path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal)
+            path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal, n_past + 1)
             target.keep_path(path, n_past, last, proposal.tokens)
             accepted = [proposal.tokens[i] for i in path]
             rows = [0, *(i + 1 for i in path)]

@@ -1,5 +1,14 @@
 """Turning logits into tokens: the target distribution after temperature, top-k and top-p,
-and how the target and a drafter pick from it. Verifying drafts is verify.py."""
+and how the target and a drafter pick from it. Verifying drafts is verify.py.
+
+A sampled request with a seed is *seeded*: the token at sequence position t is the Gumbel-max
+sample argmax(log p_t(x) + g_t(x)), with g_t Gumbel noise fixed by (seed, t). That is an exact
+sample from p_t, and it depends only on the seed, the position and the target's logits, never on
+which drafts were proposed: a draft is accepted iff it equals that sample, so the text is the
+same whatever k, tree or proposer runs, and the same as plain decoding with that seed. The
+drafter draws its drafts with the same noise (argmax(log q_t + g_t)), so it matches as often
+as its distribution allows. Without a seed, drafts are accepted by rejection sampling
+(verify.py), which accepts more when q is close to p."""
 
 from __future__ import annotations
 
@@ -19,14 +28,23 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: Gumbel-max sampling at fixed noise per position (the module's doc)."""
+        return self.seed is not None and not self.greedy
+
 
 class Sampler:
+    NOISE_CACHE = 64  # positions whose noise is kept (a cycle drafts and verifies a few)
+
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.seeded = params.seeded
+        self._noise: dict[tuple[int, int], np.ndarray] = {}
 
-    def probs(self, logits: np.ndarray) -> np.ndarray:
-        """The target distribution after temperature, top-k and top-p, as float64."""
+    def log_weights(self, logits: np.ndarray) -> np.ndarray:
+        """log p + a constant, float64: the scaled logits with -inf outside top-k and top-p."""
         p = self.params
         z = logits.astype(np.float64)
         with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
@@ -34,21 +52,42 @@ class Sampler:
         if 0 < p.top_k < z.shape[-1]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z >= kth, z, -np.inf)
-        z -= z.max()
-        probs = np.exp(z)
-        probs /= probs.sum()
         if p.top_p < 1.0:
+            probs = np.exp(z - z.max())
+            probs /= probs.sum()
             order = np.argsort(-probs, kind="stable")
             cum = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cum, p.top_p) + 1)]
-            mask = np.zeros_like(probs)
-            mask[keep] = probs[keep]
-            probs = mask / mask.sum()
-        return probs
+            drop = order[int(np.searchsorted(cum, p.top_p) + 1):]
+            z[drop] = -np.inf
+        return z
 
-    def sample(self, logits: np.ndarray) -> int:
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """The target distribution after temperature, top-k and top-p, as float64."""
+        z = self.log_weights(logits)
+        probs = np.exp(z - z.max())
+        return probs / probs.sum()
+
+    def noise(self, pos: int, n: int) -> np.ndarray:
+        """Gumbel noise over n tokens for sequence position pos, fixed by (seed, pos)."""
+        key = (pos, n)
+        g = self._noise.get(key)
+        if g is None:
+            if len(self._noise) >= self.NOISE_CACHE:
+                self._noise.pop(next(iter(self._noise)))
+            g = self._noise[key] = np.random.default_rng([int(self.params.seed or 0), pos]).gumbel(size=n)
+        return g
+
+    def sample_at(self, logits: np.ndarray, pos: int) -> int:
+        """The seeded sample at sequence position pos: argmax(log p + g_pos)."""
+        return int(np.argmax(self.log_weights(logits) + self.noise(pos, logits.shape[-1])))
+
+    def sample(self, logits: np.ndarray, pos: int | None = None) -> int:
+        """The target's token from its logits (pos: the token's sequence position, which a seeded
+        request's sample depends on)."""
         if self.params.greedy:
             return int(np.argmax(logits))
+        if self.seeded and pos is not None:
+            return self.sample_at(logits, pos)
         probs = self.probs(logits)
         return int(self.rng.choice(len(probs), p=probs))
 
@@ -58,3 +97,16 @@ class Sampler:
             return int(np.argmax(logits)), None
         q = self.probs(logits)
         return int(self.rng.choice(len(q), p=q)), q
+
+    def drafter_at(self, pos: int):
+        """For a seeded request, the drafter's pick for the chain starting at sequence position
+        pos: each draft argmax(log q + g) with the target's noise for its position (no q: a
+        seeded draft is accepted iff it equals the target's seeded sample)."""
+        step = [pos]
+
+        def choose(logits: np.ndarray) -> tuple[int, None]:
+            d = int(np.argmax(self.log_weights(logits) + self.noise(step[0], logits.shape[-1])))
+            step[0] += 1
+            return d, None
+
+        return choose

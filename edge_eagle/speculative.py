@@ -82,7 +82,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
-    first = sampler.sample(res.logits[-1])
+    first = sampler.sample(res.logits[-1], len(prompt))
     stats.t_prefill = perf_counter() - t0
     stats.prompt_tokens = len(prompt)
     stats.prompt_cached = start

@@ -18,9 +18,10 @@ from .proposal import Proposal
 from .sampling import Sampler
 
 
-def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[int, int]:
+def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | None = None) -> tuple[int, int]:
     """logits [len(proposal)+1, V] of the verify batch (the last committed token, then each
-    draft) -> (drafts accepted, next token)."""
+    draft) -> (drafts accepted, next token). pos: the sequence position of the first draft
+    (a seeded request's samples depend on it; sampling.py)."""
     if not proposal.is_chain:
         raise ValueError("verify() takes a chain of drafts; tree proposals need tree verification")
     drafts = proposal.tokens
@@ -30,6 +31,12 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[in
             if best != d:
                 return n, best
         return len(drafts), int(logits[len(drafts)].argmax())
+    if sampler.seeded and pos is not None:  # the seeded sample at each row; a draft must equal it
+        for n, d in enumerate(drafts):
+            token = sampler.sample_at(logits[n], pos + n)
+            if token != d:
+                return n, token
+        return len(drafts), sampler.sample_at(logits[len(drafts)], pos + len(drafts))
     q = proposal.q
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i])
@@ -48,12 +55,14 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[in
     return len(drafts), sampler.sample(logits[len(drafts)])
 
 
-def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tuple[list[int], int, list[int]]:
+def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal,
+                pos: int | None = None) -> tuple[list[int], int, list[int]]:
     """logits [len(proposal)+1, V] of a tree verify batch (row 0 the last committed token,
     row i+1 node i) -> (accepted nodes from the root down, next token, each accepted node's
     rank among its siblings).
 
-    Greedy: follow the child that equals the target's argmax. Sampling: recursive rejection
+    Greedy: follow the child that equals the target's argmax; seeded (pos given): the child that
+    equals the seeded sample at its position. Otherwise sampling: recursive rejection
     over the siblings, in order: a child x is accepted with probability p(x) under the current
     residual p, and on rejection p loses x and is renormalised; when every child is rejected
     the token is drawn from what is left. Tree drafts are deterministic (point masses), so each
@@ -68,8 +77,9 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal) -> tup
     while True:
         kids = children[row]
         hit = None
-        if sampler.params.greedy:
-            best = int(np.argmax(logits[row]))
+        if sampler.params.greedy or (sampler.seeded and pos is not None):
+            depth = len(path)  # greedy: the argmax; seeded: the sample at this depth's position
+            best = int(np.argmax(logits[row])) if sampler.params.greedy else sampler.sample_at(logits[row], pos + depth)
             hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
             if hit is None:
                 return path, best, ranks
