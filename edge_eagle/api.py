@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import os
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
+
+import numpy as np
 
 from . import calibration, defaults
 from .controller import KController
@@ -33,6 +36,7 @@ from .target import Target
 from .threads import LoadMeter, ThreadDecision, ThreadGovernor, decide, usable_cores
 
 AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,16 @@ class Token:
     id: int
     text: str
     origin: str  # "draft": an accepted draft token; "target": sampled by the target
+    #: with generate(logprobs=n): the token's log-probability under the target (its raw logits,
+    #: log-softmax, as llama-cpp-python reports), and the n most probable tokens' (id, logprob)
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    z = rows.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 class Generation:
@@ -50,8 +64,10 @@ class Generation:
     """
 
     def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int | str, stop: Sequence[str],
-                 sampling: SamplingParams, speculative: bool, p_min: float, tree: int | None = None):
+                 sampling: SamplingParams, speculative: bool, p_min: float, tree: int | None = None,
+                 logprobs: int | None = None):
         self._engine, self._prompt = engine, prompt
+        self._logprobs = logprobs
         self._max_tokens, self._k, self._stop = max_tokens, k, [s for s in stop if s]
         self._tree = tree
         self._sampling, self._speculative, self._p_min = sampling, speculative, p_min
@@ -88,7 +104,9 @@ class Generation:
             drafter = eng.drafter if self._speculative and eng.drafter is not None else NO_DRAFTER
             sampler = Sampler(self._sampling)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            held: list[tuple[int, str, str]] = []  # tokens whose text might start a stop string
+            held: list[tuple[int, str, str, float | None, tuple | None]] = []  # text that might start a stop string
+            rows: collections.deque[np.ndarray] = collections.deque()  # log-softmax rows, one per token to come
+            on_rows = None if self._logprobs is None else (lambda logits: rows.extend(_log_softmax(logits)))
             try:
                 k = self._k if drafter is not NO_DRAFTER else 0
                 if eng.governor is not None or k == "auto":
@@ -96,16 +114,17 @@ class Generation:
                 policy = eng.policy(k, self._tree if drafter is not NO_DRAFTER else None)
                 steps = speculate(eng.target, drafter, self._prompt, max_tokens=self._max_tokens,
                                   policy=policy, sampler=sampler, stats=self.stats, p_min=self._p_min,
-                                  governor=eng.governor)
+                                  governor=eng.governor, on_rows=on_rows)
                 for new, origins in steps:
                     for tok, origin in zip(new, origins):
+                        lp, top = self._token_logprobs(rows, tok)
                         if eng.target.is_eog(tok):
                             self.finish_reason = "stop"
                             break
                         self.tokens.append(tok)
                         piece = decoder.decode(eng.target.token_bytes(tok))
-                        held.append((tok, piece, origin))
-                        text = self.text + "".join(p for _, p, _ in held)
+                        held.append((tok, piece, origin, lp, top))
+                        text = self.text + "".join(h[1] for h in held)
                         cut = _find_stop(text, self._stop, len(self.text))
                         if cut is not None:
                             yield from self._release(held, cut, truncate=True)
@@ -124,24 +143,37 @@ class Generation:
                 eng.stats.merge(self.stats)
                 eng.last_stats = self.stats
 
-    def _release(self, held: list[tuple[int, str, str]], upto: int | None,
+    def _token_logprobs(self, rows: "collections.deque[np.ndarray]", tok: int
+                        ) -> tuple[float | None, tuple[tuple[int, float], ...] | None]:
+        if self._logprobs is None or not rows:
+            return None, None
+        row = rows.popleft()
+        n = self._logprobs
+        top: tuple[tuple[int, float], ...] = ()
+        if n > 0:
+            ids = np.argpartition(-row, n)[:n]
+            ids = ids[np.argsort(-row[ids], kind="stable")]
+            top = tuple((int(i), float(row[i])) for i in ids)
+        return float(row[tok]), top
+
+    def _release(self, held: list[tuple[int, str, str, float | None, tuple | None]], upto: int | None,
                  truncate: bool = False) -> Iterator[Token]:
         """Emit held tokens whose text ends by char `upto` of the full text (all if None).
         With truncate (a stop string begins at upto), the straddling token is cut there
         and the rest dropped."""
         while held:
-            tok, piece, origin = held[0]
+            tok, piece, origin, lp, top = held[0]
             if upto is not None and len(self.text) + len(piece) > upto:
                 if truncate:
                     held.clear()
                     piece = piece[: max(0, upto - len(self.text))]
                     if piece:
                         self.text += piece
-                        yield Token(tok, piece, origin)
+                        yield Token(tok, piece, origin, lp, top)
                 return
             held.pop(0)
             self.text += piece
-            yield Token(tok, piece, origin)
+            yield Token(tok, piece, origin, lp, top)
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
@@ -278,9 +310,11 @@ class EdgeEagle:
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
-                 add_special: bool = True, tree: int | None = None) -> Generation:
+                 add_special: bool = True, tree: int | None = None, logprobs: int | None = None) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
-        trees instead of chains; None: the engine's setting; 0: chains)."""
+        trees instead of chains; None: the engine's setting; 0: chains). logprobs: each Token
+        carries its log-probability under the target and the `logprobs` most probable tokens'
+        (0: its own only; None: off; greedy cycles then run step by step, not natively)."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -292,11 +326,13 @@ class EdgeEagle:
                 "shorten it or raise n_ctx.")
         if temperature < 0 or not 0 <= top_p <= 1 or top_k < 0:
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1 and top_k >= 0.")
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise EdgeEagleError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}.")
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
                           sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
-                          p_min=self.p_min if p_min is None else p_min, tree=tree)
+                          p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs)
 
     def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:
         """The draft policy: FixedTree(tree) when a tree budget is given, else Fixed(k), or the

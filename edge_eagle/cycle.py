@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 from time import perf_counter
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from .drafter import Drafter
 from .policy import LOOKUP, PLAIN, TREE, Plan
@@ -48,9 +50,12 @@ class StepCycle:
     """A cycle as separate steps: the proposal, Target.decode / decode_tree, verify / verify_tree,
     the KV cut, Drafter.ingest."""
 
-    def __init__(self, target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int):
+    def __init__(self, target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int,
+                 on_rows: Callable[[np.ndarray], None] | None = None):
         self.target, self.drafter, self.sampler = target, drafter, sampler
         self.p_min, self.tree_depth = p_min, tree_depth
+        # on_rows(logits [emitted, V]): the target's logits for each token the cycle emits (logprobs)
+        self.on_rows = on_rows
         # sampled drafts carry their q; greedy ones are the drafter's argmax
         self.choose = None if sampler.params.greedy else sampler.draft
 
@@ -90,6 +95,8 @@ class StepCycle:
             accepted = [proposal.tokens[i] for i in path]
             rows = [0, *(i + 1 for i in path)]
         t_ingest = perf_counter()
+        if self.on_rows is not None:
+            self.on_rows(np.array(res.logits[rows]))
         if capturing:
             self.drafter.ingest(res.feature_rows(rows), n_past, [last, *accepted])
             if not plan.drafts and trim_to:
@@ -114,11 +121,12 @@ class NativeCycle:
         raise NotImplementedError
 
 
-def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int
-           ) -> StepCycle | NativeCycle:
-    """The cycle strategy for one generation: native greedy chains where the drafter has them."""
-    steps = StepCycle(target, drafter, sampler, p_min, tree_depth)
-    if drafter.needs_features and sampler.params.greedy:
+def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int,
+           on_rows: Callable[[np.ndarray], None] | None = None) -> StepCycle | NativeCycle:
+    """The cycle strategy for one generation: native greedy chains where the drafter has them
+    (not when on_rows wants the target's logits: the native cycle does not expose them)."""
+    steps = StepCycle(target, drafter, sampler, p_min, tree_depth, on_rows)
+    if drafter.needs_features and sampler.params.greedy and on_rows is None:
         native = drafter.native_cycle(target, steps)
         if native is not None:
             return native

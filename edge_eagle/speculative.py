@@ -12,7 +12,9 @@ stop string, cancel) and leave a usable state behind.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
 
 from . import cycle as cycles
 from .drafter import Drafter
@@ -69,12 +71,14 @@ class FeatureSwitch:
 def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_tokens: int,
               policy: DraftPolicy, sampler: Sampler, stats: SpecStats,
               p_min: float = 0.0, tree_depth: int = TREE_DEPTH,
-              governor: ThreadGovernor | None = None) -> Iterator[tuple[list[int], list[str]]]:
+              governor: ThreadGovernor | None = None,
+              on_rows: Callable[[np.ndarray], None] | None = None) -> Iterator[tuple[list[int], list[str]]]:
     """Yield (new tokens, their origins) per step until max_tokens tokens were produced. A
-    governor (threads.py) sees each cycle's target time."""
+    governor (threads.py) sees each cycle's target time; on_rows(logits) receives, before each
+    yield, the target's logits for the tokens it yields (one row each)."""
     start = reuse_prefix(target, drafter, prompt)
     capture = FeatureSwitch(target, drafter)
-    strategy = cycles.choose(target, drafter, sampler, p_min, tree_depth)
+    strategy = cycles.choose(target, drafter, sampler, p_min, tree_depth, on_rows)
     trees = drafter.supports_trees and target.tree_paths > 0
     policy.begin()
     if governor is not None:
@@ -83,6 +87,8 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
     first = sampler.sample(res.logits[-1], len(prompt))
+    if on_rows is not None:
+        on_rows(np.array(res.logits[-1:]))
     stats.t_prefill = perf_counter() - t0
     stats.prompt_tokens = len(prompt)
     stats.prompt_cached = start

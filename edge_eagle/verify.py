@@ -78,8 +78,9 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal,
         kids = children[row]
         hit = None
         if sampler.params.greedy or (sampler.seeded and pos is not None):
-            depth = len(path)  # greedy: the argmax; seeded: the sample at this depth's position
-            best = int(np.argmax(logits[row])) if sampler.params.greedy else sampler.sample_at(logits[row], pos + depth)
+            # greedy: the argmax; seeded: the sample at this depth's position
+            best = (int(np.argmax(logits[row])) if pos is None or sampler.params.greedy
+                    else sampler.sample_at(logits[row], pos + len(path)))
             hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
             if hit is None:
                 return path, best, ranks

@@ -285,8 +285,11 @@ def test_the_openai_client_talks_to_edge_eagle_serve_on_smollm(tmp_path):
         other = client.chat.completions.create(model="gpt-4o-mini", messages=msgs, temperature=0, max_tokens=32)
         assert other.choices[0].message.content == text
         assert client.models.retrieve(model).id == model
+        lp = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=8, logprobs=True,
+                                            top_logprobs=2).choices[0].logprobs.content
+        assert lp and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in lp)
         with pytest.raises(openai.BadRequestError):  # an output-changing field not implemented: a clear 400
-            client.chat.completions.create(model=model, messages=msgs, max_tokens=4, logprobs=True)
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=4, presence_penalty=0.5)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -3,6 +3,7 @@ next request on the same connection succeeds (uvicorn on 127.0.0.1, one keep-ali
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -39,8 +40,9 @@ def _ok_after(s: Served) -> None:
     {**TEXT, "temperature": 1e-308},
     {**TEXT, "top_p": 0},
     {**TEXT, "model": "gpt-4o-mini"},
-    {**TEXT, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [],
-     "echo": False, "best_of": 1, "response_format": {"type": "text"}, "tool_choice": "auto"},
+    {**TEXT, "logprobs": False, "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0,
+     "logit_bias": {}, "tools": [], "echo": False, "best_of": 1, "response_format": {"type": "text"},
+     "tool_choice": "auto"},
 ])
 def test_inputs_real_clients_send_are_answered(served, body):
     r = served.http.post("/v1/completions", json=body)
@@ -65,8 +67,8 @@ def test_json_is_read_as_json_whatever_the_content_type(served, content_type):
 
 @pytest.mark.parametrize("body,param", [
     ('{"prompt": "hi \\udc80", "max_tokens": 4}', "prompt"),  # a lone surrogate: no text
-    ({**TEXT, "logprobs": True}, "logprobs"),
-    ({**TEXT, "logprobs": 2}, "logprobs"),
+    ({**TEXT, "logprobs": 21}, "logprobs"),
+    ({**TEXT, "top_logprobs": 2}, "top_logprobs"),
     ({**TEXT, "presence_penalty": 0.5}, "presence_penalty"),
     ({**TEXT, "frequency_penalty": 1}, "frequency_penalty"),
     ({**TEXT, "logit_bias": {"42": 5}}, "logit_bias"),
@@ -134,3 +136,44 @@ def test_a_non_streaming_client_that_leaves_is_cancelled_within_a_few_steps(serv
         time.sleep(0.02)
     assert engine.last_stats is not None and engine.last_stats.generated < 200
     _ok_after(served)
+
+
+def test_logprobs_in_openai_shapes_for_drafted_and_target_tokens(served, engine):
+    chat = served.http.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == chat["choices"][0]["message"]["content"]
+    for e in content:
+        assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 3
+        assert bytes(e["bytes"]).decode(errors="replace") == e["token"]
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        assert tops == sorted(tops, reverse=True) and e["logprob"] <= tops[0] + 1e-6
+    assert e["logprob"] == pytest.approx(tops[0])  # greedy: the emitted token is the most probable
+    text = served.http.post("/v1/completions", json={**TEXT, "temperature": 0, "logprobs": 2}).json()["choices"][0]
+    lp = text["logprobs"]
+    assert "".join(lp["tokens"]) == text["text"] and len(lp["token_logprobs"]) == len(lp["tokens"])
+    assert lp["text_offset"][0] == 0 and all(len(d) == 2 for d in lp["top_logprobs"])
+    with served.http.stream("POST", "/v1/completions", json={**TEXT, "temperature": 0, "logprobs": 1,
+                                                                 "stream": True}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert [x["token_logprobs"][0] for x in streamed] == pytest.approx(lp["token_logprobs"], abs=1e-4)
+    assert served.http.post("/v1/completions", json=TEXT).json()["choices"][0]["logprobs"] is None
+
+
+def test_logprobs_are_the_targets_whether_a_token_was_drafted_or_not(engine):
+    from tests.drafters import OracleDrafter
+
+    plain = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, speculative=False))
+    ids = engine.target.tokenize("Once upon a time") + [t.id for t in plain]
+    drafted = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
+    assert [t.id for t in drafted] == [t.id for t in plain]
+    assert [t.logprob for t in drafted] == pytest.approx([t.logprob for t in plain], abs=1e-3)
+    assert ids  # the reference continuation exists
+    oracle = engine.drafter
+    try:
+        engine.drafter = OracleDrafter(ids)
+        spec = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
+    finally:
+        engine.drafter = oracle
+    assert any(t.origin == "draft" for t in spec)
+    assert [t.logprob for t in spec] == pytest.approx([t.logprob for t in plain], abs=1e-3)

@@ -39,7 +39,22 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
         raise APIError(400, f"max_tokens must be between 1 and the context window ({n_ctx}), got {limit}.",
                        param="max_tokens")
     return dict(max_tokens=limit if limit is not None else n_ctx - len(prompt), temperature=body.temperature,
-                top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k)
+                top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k,
+                logprobs=body.logprobs_n())
+
+
+def logprob_item(state: ServerState, tok: Token) -> responses.LogprobItem | None:
+    """A token's logprob entry (None when the request asked for none)."""
+    if tok.logprob is None:
+        return None
+    target = state.engine.target
+
+    def text(i: int) -> tuple[str, bytes]:
+        raw = target.token_bytes(i)
+        return raw.decode("utf-8", errors="replace"), raw
+
+    t, b = text(tok.id)
+    return t, b, tok.logprob, [(*text(i), lp) for i, lp in tok.top_logprobs or ()]
 
 
 def figures(state: ServerState, job: Job) -> dict[str, Any]:
@@ -69,12 +84,14 @@ async def respond(state: ServerState, request: Request, body: Sampling, prompt: 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         state.metrics.requests.labels(endpoint, "200").inc()
         return EventSourceResponse(stream(state, job, env, include_usage), ping=15, send_timeout=30)
-    text, error = await collect(request, job)
+    tokens, error = await collect(request, job)
     if error is not None:
         state.metrics.requests.labels(endpoint, "500").inc()
         raise APIError(500, f"Generation failed: {error}", type_="server_error")
     state.metrics.requests.labels(endpoint, "200").inc()
-    return responses.completion(env, text, job_finish_reason(job), figures(state, job))
+    items = [logprob_item(state, t) for t in tokens] if job.options.get("logprobs") is not None else None
+    return responses.completion(env, "".join(t.text for t in tokens), job_finish_reason(job), figures(state, job),
+                                [i for i in items if i is not None] if items is not None else None)
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -87,20 +104,20 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def collect(request: Request, job: Job) -> tuple[str, Exception | None]:
-    """The job's whole text and its error, if any; cancels the job if the client disconnects."""
-    parts: list[str] = []
+async def collect(request: Request, job: Job) -> tuple[list[Token], Exception | None]:
+    """The job's tokens and its error, if any; cancels the job if the client disconnects."""
+    parts: list[Token] = []
     error = None
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job))
     try:
         while True:
             kind, value = await job.events.get()
             if kind == "token":
-                parts.append(value.text)
+                parts.append(value)
             elif kind == "error":
                 error = value
             else:
-                return "".join(parts), error
+                return parts, error
     finally:
         watcher.cancel()
 
@@ -110,12 +127,15 @@ async def stream(state: ServerState, job: Job, env: responses.Envelope, include_
     try:
         if env.kind == "chat":
             yield json.dumps(responses.role_chunk(env))
+        offset = 0
         while True:
             what, value = await job.events.get()
             if what == "token":
                 tok: Token = value
-                if tok.text:  # the first bytes of a character, or a textless token: nothing to send
-                    yield json.dumps(responses.token_chunk(env, tok.text, tok.origin))
+                item = logprob_item(state, tok)
+                if tok.text or item is not None:  # else: the first bytes of a character, nothing to send
+                    yield json.dumps(responses.token_chunk(env, tok.text, tok.origin, item, offset))
+                    offset += len(tok.text)
             elif what == "error":
                 yield json.dumps(responses.error_body(f"Generation failed: {value}", "server_error"))
             else:

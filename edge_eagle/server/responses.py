@@ -94,9 +94,30 @@ def unstarted_report(prompt_tokens: int) -> dict[str, Any]:
 # --- bodies ------------------------------------------------------------------------------
 
 
-def completion(env: Envelope, text: str, finish: str, figures: Mapping[str, Any]) -> dict[str, Any]:
+#: one emitted token's logprob entry: (text, bytes, logprob, [(text, bytes, logprob) of the most probable])
+LogprobItem = tuple[str, bytes, float, list[tuple[str, bytes, float]]]
+
+
+def logprobs(kind: str, items: list[LogprobItem], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's `logprobs` object: chat's {"content": [...]} or completions' parallel lists
+    (text_offset counted from `offset`, the characters before these tokens)."""
+    if kind == "chat":
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(b),
+                             "top_logprobs": [{"token": tt, "logprob": tlp, "bytes": list(tb)} for tt, tb, tlp in top]}
+                            for t, b, lp, top in items], "refusal": None}
+    offsets, at = [], offset
+    for t, _, _, _ in items:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": [t for t, _, _, _ in items], "token_logprobs": [lp for _, _, lp, _ in items],
+            "top_logprobs": [{tt: tlp for tt, _, tlp in top} for _, _, _, top in items], "text_offset": offsets}
+
+
+def completion(env: Envelope, text: str, finish: str, figures: Mapping[str, Any],
+               logprob_items: list[LogprobItem] | None = None) -> dict[str, Any]:
     """A non-streaming response; `figures` is report()'s or unstarted_report()'s."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                              "logprobs": None if logprob_items is None else logprobs(env.kind, logprob_items)}
     if env.kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -119,9 +140,13 @@ def role_chunk(env: Envelope) -> dict[str, Any]:
     return _chunk(env, {"role": "assistant", "content": ""}, "", None)
 
 
-def token_chunk(env: Envelope, text: str, origin: str) -> dict[str, Any]:
+def token_chunk(env: Envelope, text: str, origin: str, logprob_item: LogprobItem | None = None,
+                offset: int = 0) -> dict[str, Any]:
     """One token's text; origin: "draft" (an accepted draft token) or "target"."""
-    return _chunk(env, {"content": text}, text, None, edge_eagle={"origin": origin})
+    chunk = _chunk(env, {"content": text}, text, None, edge_eagle={"origin": origin})
+    if logprob_item is not None:
+        chunk["choices"][0]["logprobs"] = logprobs(env.kind, [logprob_item], offset)
+    return chunk
 
 
 def final_chunk(env: Envelope, finish: str, figures: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints, validated by pydantic. Unknown fields are ignored,
 as OpenAI-compatible servers do, so clients that send more than we use keep working. An explicit
 `null` means the field is absent (the OpenAI API allows it; its Python SDK sends it). Fields that
-change the output and are not implemented (penalties, logit_bias, logprobs, structured output,
+change the output and are not implemented (penalties, logit_bias, structured output,
 tools, echo, suffix, best_of) are refused with a 400 that says so, unless they carry their
 default value: a request is never answered as if they were absent."""
 
@@ -42,8 +42,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "frequency_penalty": (0, "repetition penalties are not implemented"),
     "repeat_penalty": (1, "repetition penalties are not implemented"),
     "logit_bias": ({}, "logit_bias is not implemented"),
-    "logprobs": (False, "logprobs are not implemented"),
-    "top_logprobs": (0, "logprobs are not implemented"),
     "best_of": (1, "best_of is not implemented (one completion per request)"),
     "echo": (False, "echo is not implemented"),
     "suffix": ("", "suffix (insertion) is not implemented"),
@@ -68,6 +66,30 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
+    # chat: logprobs true and top_logprobs n; completions: logprobs n (the target's log-probabilities)
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v is not None and not isinstance(v, bool) and not 0 <= v <= 20:
+            raise ValueError("logprobs must be true/false, or a number of top tokens from 0 to 20")
+        return v
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "Sampling":
+        if self.top_logprobs and self.logprobs in (None, False):
+            raise ValueError("top_logprobs: it needs logprobs: true")
+        return self
+
+    def logprobs_n(self) -> int | None:
+        """generate()'s logprobs: None (none wanted), or how many top tokens to list."""
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True:
+            return self.top_logprobs or 0
+        return int(self.logprobs)
 
     @model_validator(mode="before")
     @classmethod
