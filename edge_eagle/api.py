@@ -21,6 +21,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from . import calibration, defaults
+from .compat import LlamaCompat
 from .controller import KController
 from .costs import CostModel, measure_batch_costs
 from .drafter import NO_DRAFTER, Drafter, NgramDrafter
@@ -231,7 +232,7 @@ def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_gener
                                             eos_token=eos, bos_token="")
 
 
-class EdgeEagle:
+class EdgeEagle(LlamaCompat):
     """A target model, optionally a drafter, and the options to run them.
 
     target: path to a target GGUF (None: the embedded SmolLM2-135M-Instruct).
@@ -308,7 +309,8 @@ class EdgeEagle:
     # --- generation ------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | str | None = None,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
+                 k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
                  add_special: bool = True, tree: int | None = None, logprobs: int | None = None) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
@@ -324,14 +326,14 @@ class EdgeEagle:
             raise ContextOverflowError(
                 f"The prompt ({len(tokens)} tokens) does not fit the context window ({self.target.n_ctx} tokens); "
                 "shorten it or raise n_ctx.")
-        if temperature < 0 or not 0 <= top_p <= 1 or top_k < 0:
-            raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1 and top_k >= 0.")
+        if temperature < 0 or not 0 <= top_p <= 1 or top_k < 0 or not 0 <= min_p <= 1:
+            raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1, 0 <= min_p <= 1 and top_k >= 0.")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise EdgeEagleError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}.")
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
-                          sampling=SamplingParams(temperature, top_k, top_p, seed), speculative=speculative,
+                          sampling=SamplingParams(temperature, top_k, top_p, seed, min_p), speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs)
 
     def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:

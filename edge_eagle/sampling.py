@@ -23,6 +23,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0  # drop tokens less probable than min_p times the most probable (llama.cpp's min-p)
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +53,8 @@ class Sampler:
         if 0 < p.top_k < z.shape[-1]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z >= kth, z, -np.inf)
+        if p.min_p > 0.0:  # z's max is 0: p(x) / p_max = exp(z)
+            z = np.where(z >= np.log(p.min_p), z, -np.inf)
         if p.top_p < 1.0:
             probs = np.exp(z - z.max())
             probs /= probs.sum()

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
 
+from .. import compat
 from ..api import Token
 from . import responses
 from .errors import APIError
@@ -45,16 +46,7 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
 
 def logprob_item(state: ServerState, tok: Token) -> responses.LogprobItem | None:
     """A token's logprob entry (None when the request asked for none)."""
-    if tok.logprob is None:
-        return None
-    target = state.engine.target
-
-    def text(i: int) -> tuple[str, bytes]:
-        raw = target.token_bytes(i)
-        return raw.decode("utf-8", errors="replace"), raw
-
-    t, b = text(tok.id)
-    return t, b, tok.logprob, [(*text(i), lp) for i, lp in tok.top_logprobs or ()]
+    return compat.logprob_item(state.engine, tok)
 
 
 def figures(state: ServerState, job: Job) -> dict[str, Any]:
