@@ -312,11 +312,14 @@ class EdgeEagle(LlamaCompat):
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                  k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
-                 add_special: bool = True, tree: int | None = None, logprobs: int | None = None) -> Generation:
+                 add_special: bool = True, tree: int | None = None, logprobs: int | None = None,
+                 logit_bias: Mapping[int, float] | None = None) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
         trees instead of chains; None: the engine's setting; 0: chains). logprobs: each Token
         carries its log-probability under the target and the `logprobs` most probable tokens'
-        (0: its own only; None: off; greedy cycles then run step by step, not natively)."""
+        (0: its own only; None: off; greedy cycles then run step by step, not natively).
+        logit_bias: {token id: value added to its logit} (-100 bans a token), applied to every
+        verified row, so speculation stays lossless."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -330,10 +333,16 @@ class EdgeEagle(LlamaCompat):
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1, 0 <= min_p <= 1 and top_k >= 0.")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise EdgeEagleError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}.")
+        bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
+        bad = [t for t, _ in bias if not 0 <= t < self.target.n_vocab]
+        if bad:
+            raise EdgeEagleError(f"logit_bias names token {bad[0]}, outside the vocabulary (0 to "
+                                 f"{self.target.n_vocab - 1}); use token ids of this model.")
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
-                          sampling=SamplingParams(temperature, top_k, top_p, seed, min_p), speculative=speculative,
+                          sampling=SamplingParams(temperature, top_k, top_p, seed, min_p, bias),
+                          speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs)
 
     def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:

@@ -57,7 +57,7 @@ class StepCycle:
         # on_rows(logits [emitted, V]): the target's logits for each token the cycle emits (logprobs)
         self.on_rows = on_rows
         # sampled drafts carry their q; greedy ones are the drafter's argmax
-        self.choose = None if sampler.params.greedy else sampler.draft
+        self.choose = None if sampler.params.greedy and not sampler.params.logit_bias else sampler.draft
 
     def propose(self, plan: Plan, seq: Sequence[int], n_past: int, room: int) -> Proposal:
         target, drafter = self.target, self.drafter
@@ -124,9 +124,10 @@ class NativeCycle:
 def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tree_depth: int,
            on_rows: Callable[[np.ndarray], None] | None = None) -> StepCycle | NativeCycle:
     """The cycle strategy for one generation: native greedy chains where the drafter has them
-    (not when on_rows wants the target's logits: the native cycle does not expose them)."""
+    (not when on_rows wants the target's logits, which the native cycle does not expose, nor with a
+    logit_bias, which it does not apply)."""
     steps = StepCycle(target, drafter, sampler, p_min, tree_depth, on_rows)
-    if drafter.needs_features and sampler.params.greedy and on_rows is None:
+    if drafter.needs_features and sampler.params.greedy and not sampler.params.logit_bias and on_rows is None:
         native = drafter.native_cycle(target, steps)
         if native is not None:
             return native

@@ -24,6 +24,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     min_p: float = 0.0  # drop tokens less probable than min_p times the most probable (llama.cpp's min-p)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), as OpenAI's logit_bias
 
     @property
     def greedy(self) -> bool:
@@ -43,11 +44,25 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         self.seeded = params.seeded
         self._noise: dict[tuple[int, int], np.ndarray] = {}
+        self._bias = (np.array([t for t, _ in params.logit_bias], dtype=np.int64),
+                      np.array([b for _, b in params.logit_bias], dtype=np.float32)) if params.logit_bias else None
+
+    def adjust(self, logits: np.ndarray) -> np.ndarray:
+        """The logits with logit_bias added (the same array when there is none)."""
+        if self._bias is None:
+            return logits
+        out = np.array(logits, dtype=np.float32)
+        out[self._bias[0]] += self._bias[1]
+        return out
+
+    def argmax(self, logits: np.ndarray) -> int:
+        """The greedy token: the argmax of the biased logits."""
+        return int(np.argmax(self.adjust(logits)))
 
     def log_weights(self, logits: np.ndarray) -> np.ndarray:
         """log p + a constant, float64: the scaled logits with -inf outside top-k and top-p."""
         p = self.params
-        z = logits.astype(np.float64)
+        z = self.adjust(logits).astype(np.float64)
         with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
             z = (z - z.max()) / p.temperature
         if 0 < p.top_k < z.shape[-1]:
@@ -88,7 +103,7 @@ class Sampler:
         """The target's token from its logits (pos: the token's sequence position, which a seeded
         request's sample depends on)."""
         if self.params.greedy:
-            return int(np.argmax(logits))
+            return self.argmax(logits)
         if self.seeded and pos is not None:
             return self.sample_at(logits, pos)
         probs = self.probs(logits)
@@ -97,7 +112,7 @@ class Sampler:
     def draft(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
         """How a drafter picks a draft from its logits: greedy (no q), or sampled from q."""
         if self.params.greedy:
-            return int(np.argmax(logits)), None
+            return self.argmax(logits), None
         q = self.probs(logits)
         return int(self.rng.choice(len(q), p=q)), q
 

@@ -27,10 +27,10 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
     drafts = proposal.tokens
     if sampler.params.greedy:  # row by row: the rows after the first mismatch are never read
         for n, d in enumerate(drafts):
-            best = int(logits[n].argmax())
+            best = sampler.argmax(logits[n])
             if best != d:
                 return n, best
-        return len(drafts), int(logits[len(drafts)].argmax())
+        return len(drafts), sampler.argmax(logits[len(drafts)])
     if sampler.seeded and pos is not None:  # the seeded sample at each row; a draft must equal it
         for n, d in enumerate(drafts):
             token = sampler.sample_at(logits[n], pos + n)
@@ -79,7 +79,7 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal,
         hit = None
         if sampler.params.greedy or (sampler.seeded and pos is not None):
             # greedy: the argmax; seeded: the sample at this depth's position
-            best = (int(np.argmax(logits[row])) if pos is None or sampler.params.greedy
+            best = (sampler.argmax(logits[row]) if pos is None or sampler.params.greedy
                     else sampler.sample_at(logits[row], pos + len(path)))
             hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
             if hit is None:

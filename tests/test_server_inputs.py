@@ -71,7 +71,8 @@ def test_json_is_read_as_json_whatever_the_content_type(served, content_type):
     ({**TEXT, "top_logprobs": 2}, "top_logprobs"),
     ({**TEXT, "presence_penalty": 0.5}, "presence_penalty"),
     ({**TEXT, "frequency_penalty": 1}, "frequency_penalty"),
-    ({**TEXT, "logit_bias": {"42": 5}}, "logit_bias"),
+    ({**TEXT, "logit_bias": {"42": 500}}, "logit_bias"),
+    ({**TEXT, "logit_bias": {"99999999": 5}}, "logit_bias"),
     ({**TEXT, "echo": True}, "echo"),
     ({**TEXT, "suffix": "The end."}, "suffix"),
     ({**TEXT, "best_of": 2}, "best_of"),
@@ -177,3 +178,18 @@ def test_logprobs_are_the_targets_whether_a_token_was_drafted_or_not(engine):
         engine.drafter = oracle
     assert any(t.origin == "draft" for t in spec)
     assert [t.logprob for t in spec] == pytest.approx([t.logprob for t in plain], abs=1e-3)
+
+
+def test_logit_bias_bans_a_token_and_stays_lossless(served, engine):
+    greedy = served.http.post("/v1/completions", json={**TEXT, "max_tokens": 12, "temperature": 0}).json()
+    first = engine.target.tokenize(greedy["choices"][0]["text"], add_special=False)[0]
+    body = {**TEXT, "max_tokens": 12, "temperature": 0, "logit_bias": {str(first): -100}}
+    banned = served.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert banned != greedy["choices"][0]["text"]
+    plain = engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, speculative=False).result()
+    assert first not in plain.tokens and plain.text == banned
+    for k in (3, "auto"):
+        assert engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k).result().text == banned
+    seeded = {engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k, temperature=0.9,
+                              seed=4).result().text for k in (0, 3)}
+    assert len(seeded) == 1

@@ -35,13 +35,17 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
     if len(prompt) >= n_ctx:
         raise APIError(400, f"The prompt has {len(prompt)} tokens but the context window holds {n_ctx}; "
                        "shorten it or start the server with a larger --n-ctx.", code="context_length_exceeded")
+    n_vocab = state.engine.target.n_vocab
+    if body.logit_bias and any(not 0 <= t < n_vocab for t in body.logit_bias):
+        raise APIError(400, f"logit_bias names a token outside the vocabulary (0 to {n_vocab - 1}); use this "
+                       "model's token ids.", param="logit_bias")
     limit = body.limit()
     if limit is not None and not 1 <= limit <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context window ({n_ctx}), got {limit}.",
                        param="max_tokens")
     return dict(max_tokens=limit if limit is not None else n_ctx - len(prompt), temperature=body.temperature,
                 top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k,
-                logprobs=body.logprobs_n())
+                logprobs=body.logprobs_n(), logit_bias=body.logit_bias)
 
 
 def logprob_item(state: ServerState, tok: Token) -> responses.LogprobItem | None:

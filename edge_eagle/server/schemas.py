@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints, validated by pydantic. Unknown fields are ignored,
 as OpenAI-compatible servers do, so clients that send more than we use keep working. An explicit
 `null` means the field is absent (the OpenAI API allows it; its Python SDK sends it). Fields that
-change the output and are not implemented (penalties, logit_bias, structured output,
+change the output and are not implemented (penalties, structured output,
 tools, echo, suffix, best_of) are refused with a 400 that says so, unless they carry their
 default value: a request is never answered as if they were absent."""
 
@@ -41,7 +41,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "presence_penalty": (0, "repetition penalties are not implemented"),
     "frequency_penalty": (0, "repetition penalties are not implemented"),
     "repeat_penalty": (1, "repetition penalties are not implemented"),
-    "logit_bias": ({}, "logit_bias is not implemented"),
     "best_of": (1, "best_of is not implemented (one completion per request)"),
     "echo": (False, "echo is not implemented"),
     "suffix": ("", "suffix (insertion) is not implemented"),
@@ -69,6 +68,14 @@ class Sampling(BaseModel):
     # chat: logprobs true and top_logprobs n; completions: logprobs n (the target's log-probabilities)
     logprobs: Union[bool, int, None] = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict[int, float] | None = None  # OpenAI's: token id (a JSON string key) -> -100..100
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        if v and any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("logit_bias values must be between -100 and 100")
+        return v
 
     @field_validator("logprobs")
     @classmethod
