@@ -313,13 +313,16 @@ class EdgeEagle(LlamaCompat):
                  k: int | str | None = None,
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
                  add_special: bool = True, tree: int | None = None, logprobs: int | None = None,
-                 logit_bias: Mapping[int, float] | None = None) -> Generation:
+                 logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, penalty_last_n: int = 64) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
         trees instead of chains; None: the engine's setting; 0: chains). logprobs: each Token
         carries its log-probability under the target and the `logprobs` most probable tokens'
         (0: its own only; None: off; greedy cycles then run step by step, not natively).
         logit_bias: {token id: value added to its logit} (-100 bans a token), applied to every
-        verified row, so speculation stays lossless."""
+        verified row, so speculation stays lossless. presence_penalty, frequency_penalty,
+        repeat_penalty: llama.cpp's penalties over the last penalty_last_n tokens (the prompt
+        included), each verified row judged with the drafts before it, so these stay lossless too."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -333,6 +336,8 @@ class EdgeEagle(LlamaCompat):
             raise EdgeEagleError("Sampling needs temperature >= 0, 0 <= top_p <= 1, 0 <= min_p <= 1 and top_k >= 0.")
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise EdgeEagleError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}.")
+        if repeat_penalty <= 0 or penalty_last_n < 0:
+            raise EdgeEagleError("repeat_penalty must be above 0 (1 is off) and penalty_last_n 0 or more.")
         bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
         bad = [t for t, _ in bias if not 0 <= t < self.target.n_vocab]
         if bad:
@@ -341,7 +346,8 @@ class EdgeEagle(LlamaCompat):
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
-                          sampling=SamplingParams(temperature, top_k, top_p, seed, min_p, bias),
+                          sampling=SamplingParams(temperature, top_k, top_p, seed, min_p, bias, presence_penalty,
+                                                  frequency_penalty, repeat_penalty, penalty_last_n),
                           speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs)
 

@@ -4,7 +4,7 @@ stream=True, iterators of its chunks), each with the `edge_eagle` object and lla
 `timings` added. An app written against llama-cpp-python switches by changing its constructor.
 
 Arguments llama-cpp-python has and edge-eagle does not implement raise EdgeEagleError when they
-ask for something (typical_p, tfs_z, mirostat, penalties, grammar, logits
+ask for something (typical_p, tfs_z, mirostat, grammar, logits
 processors, stopping criteria, echo, suffix, tools, functions, structured output); left at
 their defaults they are accepted, as they change nothing. The server's bodies are the same
 builders (server/responses.py)."""
@@ -24,9 +24,6 @@ _DEFAULTS_ONLY = {  # argument: (its "off" value, what to say)
     "typical_p": (1.0, "typical_p is not implemented; pass 1.0"),
     "tfs_z": (1.0, "tfs_z is not implemented; pass 1.0"),
     "mirostat_mode": (0, "mirostat is not implemented; pass 0"),
-    "frequency_penalty": (0.0, "repetition penalties are not implemented; pass 0"),
-    "presence_penalty": (0.0, "repetition penalties are not implemented; pass 0"),
-    "repeat_penalty": (1.0, "repetition penalties are not implemented; pass 1.0"),
     "grammar": (None, "grammars are not implemented"),
     "logits_processor": (None, "logits processors are not implemented"),
     "stopping_criteria": (None, "stopping criteria are not implemented; use stop strings"),
@@ -123,15 +120,14 @@ class LlamaCompat:
         iterator of its chunks. max_tokens None or below 1: up to the end of the window."""
         engine: EdgeEagle = self  # type: ignore[assignment]
         _refuse_unsupported(dict(suffix=suffix, echo=echo, typical_p=typical_p, tfs_z=tfs_z,
-                                 mirostat_mode=mirostat_mode, frequency_penalty=frequency_penalty,
-                                 presence_penalty=presence_penalty, repeat_penalty=repeat_penalty,
-                                 grammar=grammar, logits_processor=logits_processor,
+                                 mirostat_mode=mirostat_mode, grammar=grammar, logits_processor=logits_processor,
                                  stopping_criteria=stopping_criteria))
         ids = engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         limit = max_tokens if max_tokens and max_tokens > 0 else engine.target.n_ctx - len(ids)
         gen = engine.generate(ids, max_tokens=max(1, limit), temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, seed=seed if seed is None or seed >= 0 else None, stop=_stops(stop),
-                              logprobs=logprobs, logit_bias=logit_bias)
+                              logprobs=logprobs, logit_bias=logit_bias, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty)
         return _run(engine, "text", gen, _model_name(engine, model), stream, logprobs is not None)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], functions: Any = None,
@@ -151,9 +147,7 @@ class LlamaCompat:
         engine: EdgeEagle = self  # type: ignore[assignment]
         _refuse_unsupported(dict(functions=functions, function_call=function_call, tools=tools,
                                  tool_choice=tool_choice, typical_p=typical_p, tfs_z=tfs_z,
-                                 mirostat_mode=mirostat_mode, frequency_penalty=frequency_penalty,
-                                 presence_penalty=presence_penalty, repeat_penalty=repeat_penalty,
-                                 grammar=grammar, logits_processor=logits_processor,
+                                 mirostat_mode=mirostat_mode, grammar=grammar, logits_processor=logits_processor,
                                  response_format=response_format))
         if top_logprobs and not logprobs:
             raise EdgeEagleError("top_logprobs needs logprobs=True.")
@@ -163,7 +157,8 @@ class LlamaCompat:
         n_top = (top_logprobs or 0) if logprobs else None
         gen = engine.generate(ids, max_tokens=max(1, limit), temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, seed=seed if seed is None or seed >= 0 else None, stop=_stops(stop),
-                              logprobs=n_top, logit_bias=logit_bias)
+                              logprobs=n_top, logit_bias=logit_bias, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty)
         return _run(engine, "chat", gen, _model_name(engine, model), stream, n_top is not None)
 
 

@@ -57,7 +57,7 @@ class StepCycle:
         # on_rows(logits [emitted, V]): the target's logits for each token the cycle emits (logprobs)
         self.on_rows = on_rows
         # sampled drafts carry their q; greedy ones are the drafter's argmax
-        self.choose = None if sampler.params.greedy and not sampler.params.logit_bias else sampler.draft
+        self.choose = None if sampler.params.plain_greedy else sampler.draft
 
     def propose(self, plan: Plan, seq: Sequence[int], n_past: int, room: int) -> Proposal:
         target, drafter = self.target, self.drafter
@@ -82,7 +82,7 @@ class StepCycle:
         target, last = self.target, seq[-1]
         if proposal.is_chain:
             res = target.decode([last, *proposal.tokens], n_past, "all" if proposal.tokens else "last")
-            n_acc, bonus = verify(self.sampler, res.logits, proposal, n_past + 1)
+            n_acc, bonus = verify(self.sampler, res.logits, proposal, n_past + 1, seq)
             if n_acc < len(proposal):
                 target.memory.remove_from(n_past + n_acc + 1)
             accepted = list(proposal.tokens[:n_acc])
@@ -90,7 +90,7 @@ class StepCycle:
             ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
         else:
             res = target.decode_tree(last, proposal.tokens, proposal.parents, n_past)
-            path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal, n_past + 1)
+            path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal, n_past + 1, seq)
             target.keep_path(path, n_past, last, proposal.tokens)
             accepted = [proposal.tokens[i] for i in path]
             rows = [0, *(i + 1 for i in path)]
@@ -125,9 +125,9 @@ def choose(target: Target, drafter: Drafter, sampler: Sampler, p_min: float, tre
            on_rows: Callable[[np.ndarray], None] | None = None) -> StepCycle | NativeCycle:
     """The cycle strategy for one generation: native greedy chains where the drafter has them
     (not when on_rows wants the target's logits, which the native cycle does not expose, nor with a
-    logit_bias, which it does not apply)."""
+    logit_bias or penalties, which it does not apply)."""
     steps = StepCycle(target, drafter, sampler, p_min, tree_depth, on_rows)
-    if drafter.needs_features and sampler.params.greedy and not sampler.params.logit_bias and on_rows is None:
+    if drafter.needs_features and sampler.params.plain_greedy and on_rows is None:
         native = drafter.native_cycle(target, steps)
         if native is not None:
             return native

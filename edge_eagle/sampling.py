@@ -13,6 +13,7 @@ as its distribution allows. Without a seed, drafts are accepted by rejection sam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -25,6 +26,20 @@ class SamplingParams:
     seed: int | None = None
     min_p: float = 0.0  # drop tokens less probable than min_p times the most probable (llama.cpp's min-p)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit), as OpenAI's logit_bias
+    # llama.cpp's penalties over the last penalty_last_n tokens of the sequence (prompt included)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repeat_penalty != 1.0)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the raw logits: no bias, no penalties (what the native cycle runs)."""
+        return self.greedy and not self.logit_bias and not self.penalized
 
     @property
     def greedy(self) -> bool:
@@ -47,22 +62,33 @@ class Sampler:
         self._bias = (np.array([t for t, _ in params.logit_bias], dtype=np.int64),
                       np.array([b for _, b in params.logit_bias], dtype=np.float32)) if params.logit_bias else None
 
-    def adjust(self, logits: np.ndarray) -> np.ndarray:
-        """The logits with logit_bias added (the same array when there is none)."""
-        if self._bias is None:
+    def adjust(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
+        """The logits with logit_bias added and, given the tokens before this position
+        (`history`), llama.cpp's penalties applied: the same array when there is neither."""
+        p = self.params
+        penalize = p.penalized and history is not None and len(history) > 0
+        if self._bias is None and not penalize:
             return logits
         out = np.array(logits, dtype=np.float32)
-        out[self._bias[0]] += self._bias[1]
+        if self._bias is not None:
+            out[self._bias[0]] += self._bias[1]
+        if penalize:
+            assert history is not None
+            ids, counts = np.unique(np.asarray(history[-p.penalty_last_n:], dtype=np.int64), return_counts=True)
+            x = out[ids]
+            if p.repeat_penalty != 1.0:
+                x = np.where(x > 0, x / p.repeat_penalty, x * p.repeat_penalty)
+            out[ids] = x - counts * p.frequency_penalty - p.presence_penalty
         return out
 
-    def argmax(self, logits: np.ndarray) -> int:
-        """The greedy token: the argmax of the biased logits."""
-        return int(np.argmax(self.adjust(logits)))
+    def argmax(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
+        """The greedy token: the argmax of the adjusted logits."""
+        return int(np.argmax(self.adjust(logits, history)))
 
-    def log_weights(self, logits: np.ndarray) -> np.ndarray:
+    def log_weights(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
         """log p + a constant, float64: the scaled logits with -inf outside top-k and top-p."""
         p = self.params
-        z = self.adjust(logits).astype(np.float64)
+        z = self.adjust(logits, history).astype(np.float64)
         with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
             z = (z - z.max()) / p.temperature
         if 0 < p.top_k < z.shape[-1]:
@@ -79,9 +105,9 @@ class Sampler:
             z[drop] = -np.inf
         return z
 
-    def probs(self, logits: np.ndarray) -> np.ndarray:
+    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
         """The target distribution after temperature, top-k and top-p, as float64."""
-        z = self.log_weights(logits)
+        z = self.log_weights(logits, history)
         probs = np.exp(z - z.max())
         return probs / probs.sum()
 
@@ -95,18 +121,18 @@ class Sampler:
             g = self._noise[key] = np.random.default_rng([int(self.params.seed or 0), pos]).gumbel(size=n)
         return g
 
-    def sample_at(self, logits: np.ndarray, pos: int) -> int:
+    def sample_at(self, logits: np.ndarray, pos: int, history: Sequence[int] | None = None) -> int:
         """The seeded sample at sequence position pos: argmax(log p + g_pos)."""
-        return int(np.argmax(self.log_weights(logits) + self.noise(pos, logits.shape[-1])))
+        return int(np.argmax(self.log_weights(logits, history) + self.noise(pos, logits.shape[-1])))
 
-    def sample(self, logits: np.ndarray, pos: int | None = None) -> int:
+    def sample(self, logits: np.ndarray, pos: int | None = None, history: Sequence[int] | None = None) -> int:
         """The target's token from its logits (pos: the token's sequence position, which a seeded
-        request's sample depends on)."""
+        request's sample depends on; history: the tokens before it, for the penalties)."""
         if self.params.greedy:
-            return self.argmax(logits)
+            return self.argmax(logits, history)
         if self.seeded and pos is not None:
-            return self.sample_at(logits, pos)
-        probs = self.probs(logits)
+            return self.sample_at(logits, pos, history)
+        probs = self.probs(logits, history)
         return int(self.rng.choice(len(probs), p=probs))
 
     def draft(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:

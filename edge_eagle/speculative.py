@@ -86,7 +86,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
-    first = sampler.sample(res.logits[-1], len(prompt))
+    first = sampler.sample(res.logits[-1], len(prompt), prompt)
     if on_rows is not None:
         on_rows(np.array(res.logits[-1:]))
     stats.t_prefill = perf_counter() - t0

@@ -12,34 +12,51 @@ accepted with probability p(d) and the residual is p without d.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from .proposal import Proposal
 from .sampling import Sampler
 
 
-def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | None = None) -> tuple[int, int]:
+def _history(sampler: Sampler, history: Sequence[int] | None) -> list[int] | None:
+    """The last tokens the penalties look at (None when the request has none)."""
+    if history is None or not sampler.params.penalized:
+        return None
+    return list(history[-sampler.params.penalty_last_n:])
+
+
+def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | None = None,
+           history: Sequence[int] | None = None) -> tuple[int, int]:
     """logits [len(proposal)+1, V] of the verify batch (the last committed token, then each
     draft) -> (drafts accepted, next token). pos: the sequence position of the first draft
-    (a seeded request's samples depend on it; sampling.py)."""
+    (a seeded request's samples depend on it; sampling.py); history: the committed tokens
+    (penalties at row n count them and drafts[:n], so each row is judged as plain decoding
+    would judge that position)."""
     if not proposal.is_chain:
         raise ValueError("verify() takes a chain of drafts; tree proposals need tree verification")
     drafts = proposal.tokens
+    tail = _history(sampler, history)
+
+    def before(n: int) -> list[int] | None:
+        return None if tail is None else tail + list(drafts[:n])
+
     if sampler.params.greedy:  # row by row: the rows after the first mismatch are never read
         for n, d in enumerate(drafts):
-            best = sampler.argmax(logits[n])
+            best = sampler.argmax(logits[n], before(n))
             if best != d:
                 return n, best
-        return len(drafts), sampler.argmax(logits[len(drafts)])
+        return len(drafts), sampler.argmax(logits[len(drafts)], before(len(drafts)))
     if sampler.seeded and pos is not None:  # the seeded sample at each row; a draft must equal it
         for n, d in enumerate(drafts):
-            token = sampler.sample_at(logits[n], pos + n)
+            token = sampler.sample_at(logits[n], pos + n, before(n))
             if token != d:
                 return n, token
-        return len(drafts), sampler.sample_at(logits[len(drafts)], pos + len(drafts))
+        return len(drafts), sampler.sample_at(logits[len(drafts)], pos + len(drafts), before(len(drafts)))
     q = proposal.q
     for i, d in enumerate(drafts):
-        p = sampler.probs(logits[i])
+        p = sampler.probs(logits[i], before(i))
         q_d = 1.0 if q is None else float(q[i][d])
         if sampler.rng.random() * q_d < p[d]:  # accept with min(1, p(d) / q(d))
             continue
@@ -52,11 +69,11 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
         if total <= 0.0:  # p == q: a rejection cannot happen; guard against rounding
             return i, int(d)
         return i, int(sampler.rng.choice(len(residual), p=residual / total))
-    return len(drafts), sampler.sample(logits[len(drafts)])
+    return len(drafts), sampler.sample(logits[len(drafts)], history=before(len(drafts)))
 
 
-def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal,
-                pos: int | None = None) -> tuple[list[int], int, list[int]]:
+def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | None = None,
+                history: Sequence[int] | None = None) -> tuple[list[int], int, list[int]]:
     """logits [len(proposal)+1, V] of a tree verify batch (row 0 the last committed token,
     row i+1 node i) -> (accepted nodes from the root down, next token, each accepted node's
     rank among its siblings).
@@ -74,18 +91,20 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal,
     path: list[int] = []
     ranks: list[int] = []
     row = 0
+    tail = _history(sampler, history)
     while True:
         kids = children[row]
         hit = None
+        before = None if tail is None else tail + [tokens[i] for i in path]  # the path so far, for penalties
         if sampler.params.greedy or (sampler.seeded and pos is not None):
             # greedy: the argmax; seeded: the sample at this depth's position
-            best = (sampler.argmax(logits[row]) if pos is None or sampler.params.greedy
-                    else sampler.sample_at(logits[row], pos + len(path)))
+            best = (sampler.argmax(logits[row], before) if pos is None or sampler.params.greedy
+                    else sampler.sample_at(logits[row], pos + len(path), before))
             hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
             if hit is None:
                 return path, best, ranks
         else:
-            p = sampler.probs(logits[row])
+            p = sampler.probs(logits[row], before)
             for r, i in enumerate(kids):
                 x = tokens[i]
                 if sampler.rng.random() < p[x]:

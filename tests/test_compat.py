@@ -90,7 +90,7 @@ def test_a_seeded_call_gives_the_same_text_whatever_k(pair):
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(typical_p=0.5), "typical_p"),
     (dict(grammar=object()), "grammar"),
     (dict(tools=[{"type": "function"}]), "tools"),
     (dict(response_format={"type": "json_object"}), "structured output"),

@@ -289,7 +289,8 @@ def test_the_openai_client_talks_to_edge_eagle_serve_on_smollm(tmp_path):
                                             top_logprobs=2).choices[0].logprobs.content
         assert lp and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in lp)
         with pytest.raises(openai.BadRequestError):  # an output-changing field not implemented: a clear 400
-            client.chat.completions.create(model=model, messages=msgs, max_tokens=4, presence_penalty=0.5)
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=4,
+                                           response_format={"type": "json_object"})
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -40,6 +40,7 @@ def _ok_after(s: Served) -> None:
     {**TEXT, "temperature": 1e-308},
     {**TEXT, "top_p": 0},
     {**TEXT, "model": "gpt-4o-mini"},
+    {**TEXT, "presence_penalty": 0.5, "frequency_penalty": 1, "repeat_penalty": 1.2},
     {**TEXT, "logprobs": False, "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0,
      "logit_bias": {}, "tools": [], "echo": False, "best_of": 1, "response_format": {"type": "text"},
      "tool_choice": "auto"},
@@ -69,8 +70,8 @@ def test_json_is_read_as_json_whatever_the_content_type(served, content_type):
     ('{"prompt": "hi \\udc80", "max_tokens": 4}', "prompt"),  # a lone surrogate: no text
     ({**TEXT, "logprobs": 21}, "logprobs"),
     ({**TEXT, "top_logprobs": 2}, "top_logprobs"),
-    ({**TEXT, "presence_penalty": 0.5}, "presence_penalty"),
-    ({**TEXT, "frequency_penalty": 1}, "frequency_penalty"),
+    ({**TEXT, "presence_penalty": 2.5}, "presence_penalty"),
+    ({**TEXT, "repeat_penalty": 0}, "repeat_penalty"),
     ({**TEXT, "logit_bias": {"42": 500}}, "logit_bias"),
     ({**TEXT, "logit_bias": {"99999999": 5}}, "logit_bias"),
     ({**TEXT, "echo": True}, "echo"),
@@ -192,4 +193,16 @@ def test_logit_bias_bans_a_token_and_stays_lossless(served, engine):
         assert engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k).result().text == banned
     seeded = {engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k, temperature=0.9,
                               seed=4).result().text for k in (0, 3)}
+    assert len(seeded) == 1
+
+
+def test_penalties_change_the_text_and_stay_lossless(engine):
+    prompt, n = "Once upon a time", 40
+    plain = engine.generate(prompt, max_tokens=n, speculative=False).result().tokens
+    args = dict(max_tokens=n, presence_penalty=0.4, frequency_penalty=0.6, repeat_penalty=1.3)
+    penalized = engine.generate(prompt, speculative=False, **args).result().tokens
+    assert penalized != plain
+    for kw in ({"k": 3}, {"k": "auto"}, {"tree": 5}):
+        assert engine.generate(prompt, **args, **kw).result().tokens == penalized, kw
+    seeded = {tuple(engine.generate(prompt, temperature=0.9, seed=2, k=k, **args).result().tokens) for k in (0, 3)}
     assert len(seeded) == 1

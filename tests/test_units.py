@@ -230,3 +230,13 @@ def test_per_position_counts_match_their_definition_over_random_steps():
     for d in range(deepest):
         seen = [r[d] for *_, r in steps if len(r) > d]
         assert s.accepted_rank_at[d] == [seen.count(k) for k in range(max(seen) + 1)]
+
+
+def test_penalties_follow_llama_cpps_formula():
+    """repeat: a positive logit divided, a negative one multiplied; frequency: minus count x
+    value; presence: minus the value once; only over the last penalty_last_n tokens."""
+    logits = np.array([2.0, -1.0, 0.5, 3.0], dtype=np.float32)
+    s = Sampler(SamplingParams(repeat_penalty=2.0, frequency_penalty=0.1, presence_penalty=0.5, penalty_last_n=3))
+    out = s.adjust(logits, [3, 0, 1, 1])  # the window is [0, 1, 1]: token 3 is too old
+    assert out.tolist() == pytest.approx([2.0 / 2 - 0.1 - 0.5, -1.0 * 2 - 0.2 - 0.5, 0.5, 3.0])
+    assert s.adjust(logits, []) is logits and Sampler(SamplingParams()).adjust(logits, [0]) is logits

@@ -45,7 +45,8 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
                        param="max_tokens")
     return dict(max_tokens=limit if limit is not None else n_ctx - len(prompt), temperature=body.temperature,
                 top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k,
-                logprobs=body.logprobs_n(), logit_bias=body.logit_bias)
+                logprobs=body.logprobs_n(), logit_bias=body.logit_bias, presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty, repeat_penalty=body.repeat_penalty)
 
 
 def logprob_item(state: ServerState, tok: Token) -> responses.LogprobItem | None:

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints, validated by pydantic. Unknown fields are ignored,
 as OpenAI-compatible servers do, so clients that send more than we use keep working. An explicit
 `null` means the field is absent (the OpenAI API allows it; its Python SDK sends it). Fields that
-change the output and are not implemented (penalties, structured output,
+change the output and are not implemented (structured output,
 tools, echo, suffix, best_of) are refused with a 400 that says so, unless they carry their
 default value: a request is never answered as if they were absent."""
 
@@ -38,9 +38,6 @@ class StreamOptions(BaseModel):
 
 #: fields not implemented, and the value each may carry (its default, meaning "off")
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "presence_penalty": (0, "repetition penalties are not implemented"),
-    "frequency_penalty": (0, "repetition penalties are not implemented"),
-    "repeat_penalty": (1, "repetition penalties are not implemented"),
     "best_of": (1, "best_of is not implemented (one completion per request)"),
     "echo": (False, "echo is not implemented"),
     "suffix": ("", "suffix (insertion) is not implemented"),
@@ -69,6 +66,9 @@ class Sampling(BaseModel):
     logprobs: Union[bool, int, None] = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[int, float] | None = None  # OpenAI's: token id (a JSON string key) -> -100..100
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI's ranges
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repeat_penalty: float = Field(1.0, gt=0.0)  # extension (llama.cpp): 1 is off
 
     @field_validator("logit_bias")
     @classmethod
