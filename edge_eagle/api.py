@@ -204,6 +204,16 @@ def _check_k(k: int | str) -> int | str:
     raise EdgeEagleError(f"k must be 'auto' or a draft length of 0 or more, got {k!r}; pass --k auto or --k 4.")
 
 
+def check_logit_bias(logit_bias: Mapping[int, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """logit_bias as SamplingParams takes it; EdgeEagleError for a token outside the vocabulary."""
+    bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
+    bad = [t for t, _ in bias if not 0 <= t < n_vocab]
+    if bad:
+        raise EdgeEagleError(f"logit_bias names token {bad[0]}, outside the vocabulary (0 to {n_vocab - 1}); "
+                             "use token ids of this model.")
+    return bias
+
+
 def _check_tree(tree: int | None, drafter: Drafter | None) -> int | None:
     if tree is None or tree == 0:
         return None
@@ -338,11 +348,7 @@ class EdgeEagle(LlamaCompat):
             raise EdgeEagleError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}.")
         if repeat_penalty <= 0 or penalty_last_n < 0:
             raise EdgeEagleError("repeat_penalty must be above 0 (1 is off) and penalty_last_n 0 or more.")
-        bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
-        bad = [t for t, _ in bias if not 0 <= t < self.target.n_vocab]
-        if bad:
-            raise EdgeEagleError(f"logit_bias names token {bad[0]}, outside the vocabulary (0 to "
-                                 f"{self.target.n_vocab - 1}); use token ids of this model.")
+        bias = check_logit_bias(logit_bias, self.target.n_vocab)
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
@@ -394,21 +400,28 @@ class EdgeEagle(LlamaCompat):
         verify_s = calibration.load(cache_key) if use_cache else None
         source = "cache"
         if verify_s is None:
-            meter = LoadMeter()
-            keep = len(self.target.memory.tokens) or None
-            stop = should_stop if self.costs is not None else None
-            verify_s = measure_batch_costs(self.target, self.cost_n_max, keep=keep, should_stop=stop,
-                                           progress=progress)
-            if verify_s is None:
+            measured = self._measure_costs(should_stop if self.costs is not None else None, progress)
+            if measured is None:
                 assert self.costs is not None
                 return self.costs
+            verify_s, idle = measured
             source = "measured"
-            load = meter.sample()
-            if load is not None and decide(self.threads.cores, load).reason == "idle":
+            if idle:
                 calibration.store(cache_key, verify_s)
         self._use_costs(verify_s, source, threads)
         assert self.costs is not None
         return self.costs
+
+    def _measure_costs(self, should_stop=None, progress=None) -> tuple[dict[int, float], bool] | None:
+        """c(n) measured now after the cached prompt, and whether other programs left the cores
+        idle meanwhile (only then is it worth caching); None when should_stop() ended it."""
+        meter = LoadMeter()
+        verify_s = measure_batch_costs(self.target, self.cost_n_max, keep=len(self.target.memory.tokens) or None,
+                                       should_stop=should_stop, progress=progress)
+        if verify_s is None:
+            return None
+        load = meter.sample()
+        return verify_s, load is not None and decide(self.threads.cores, load).reason == "idle"
 
     def _use_costs(self, verify_s: Mapping[int, float], source: str, threads: int) -> None:
         if self.costs is None:
@@ -428,17 +441,15 @@ class EdgeEagle(LlamaCompat):
             if self.costs is None:
                 self.calibrate()
                 return True
-            keep = len(self.target.memory.tokens) or None
             threads = self.target.n_threads
-            meter = LoadMeter()
-            fresh = measure_batch_costs(self.target, self.cost_n_max, keep=keep, should_stop=should_stop)
-            if fresh is None:
+            measured = self._measure_costs(should_stop)
+            if measured is None:
                 return None
-            load = meter.sample()
+            fresh, idle = measured
             if not calibration.differs(self.costs.verify_s, fresh):
                 return False
             self._use_costs(fresh, "re-checked", threads)
-            if load is not None and decide(self.threads.cores, load).reason == "idle":
+            if idle:
                 calibration.store(calibration.key(self.target, threads, self.cost_n_max), fresh)
             return True
 

@@ -84,10 +84,7 @@ def _run(engine: "EdgeEagle", kind: str, gen: "Generation", model: str, stream: 
         return _stream(engine, env, gen, want_logprobs)
     tokens = list(gen)
     items = [i for i in (logprob_item(engine, t) for t in tokens) if i is not None] if want_logprobs else None
-    body = R.completion(env, gen.text, R.finish_reason(gen.finish_reason), _figures(engine, gen), items)
-    if kind == "chat":  # llama-cpp-python's chat choice has no extra keys beyond OpenAI's
-        body["choices"][0]["message"] = {"role": "assistant", "content": gen.text}
-    return body
+    return R.completion(env, gen.text, R.finish_reason(gen.finish_reason), _figures(engine, gen), items)
 
 
 def _stream(engine: "EdgeEagle", env: Any, gen: "Generation", want_logprobs: bool) -> Iterator[dict[str, Any]]:

@@ -149,7 +149,7 @@ class Sampler:
         step = [pos]
 
         def choose(logits: np.ndarray) -> tuple[int, None]:
-            d = int(np.argmax(self.log_weights(logits) + self.noise(step[0], logits.shape[-1])))
+            d = self.sample_at(logits, step[0])  # the drafter's q in place of p, the same noise
             step[0] += 1
             return d, None
 

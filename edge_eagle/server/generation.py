@@ -11,7 +11,8 @@ from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
 
 from .. import compat
-from ..api import Token
+from ..api import Token, check_logit_bias
+from ..errors import EdgeEagleError
 from . import responses
 from .errors import APIError
 from .schemas import Sampling
@@ -35,10 +36,10 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
     if len(prompt) >= n_ctx:
         raise APIError(400, f"The prompt has {len(prompt)} tokens but the context window holds {n_ctx}; "
                        "shorten it or start the server with a larger --n-ctx.", code="context_length_exceeded")
-    n_vocab = state.engine.target.n_vocab
-    if body.logit_bias and any(not 0 <= t < n_vocab for t in body.logit_bias):
-        raise APIError(400, f"logit_bias names a token outside the vocabulary (0 to {n_vocab - 1}); use this "
-                       "model's token ids.", param="logit_bias")
+    try:  # checked here, not in the worker: a 400 before the request is queued
+        check_logit_bias(body.logit_bias, state.engine.target.n_vocab)
+    except EdgeEagleError as exc:
+        raise APIError(400, str(exc), param="logit_bias") from None
     limit = body.limit()
     if limit is not None and not 1 <= limit <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context window ({n_ctx}), got {limit}.",
@@ -47,11 +48,6 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
                 top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k,
                 logprobs=body.logprobs_n(), logit_bias=body.logit_bias, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repeat_penalty=body.repeat_penalty)
-
-
-def logprob_item(state: ServerState, tok: Token) -> responses.LogprobItem | None:
-    """A token's logprob entry (None when the request asked for none)."""
-    return compat.logprob_item(state.engine, tok)
 
 
 def figures(state: ServerState, job: Job) -> dict[str, Any]:
@@ -86,7 +82,7 @@ async def respond(state: ServerState, request: Request, body: Sampling, prompt: 
         state.metrics.requests.labels(endpoint, "500").inc()
         raise APIError(500, f"Generation failed: {error}", type_="server_error")
     state.metrics.requests.labels(endpoint, "200").inc()
-    items = [logprob_item(state, t) for t in tokens] if job.options.get("logprobs") is not None else None
+    items = [compat.logprob_item(state.engine, t) for t in tokens] if job.options.get("logprobs") is not None else None
     return responses.completion(env, "".join(t.text for t in tokens), job_finish_reason(job), figures(state, job),
                                 [i for i in items if i is not None] if items is not None else None)
 
@@ -129,7 +125,7 @@ async def stream(state: ServerState, job: Job, env: responses.Envelope, include_
             what, value = await job.events.get()
             if what == "token":
                 tok: Token = value
-                item = logprob_item(state, tok)
+                item = compat.logprob_item(state.engine, tok)
                 if tok.text or item is not None:  # else: the first bytes of a character, nothing to send
                     yield json.dumps(responses.token_chunk(env, tok.text, tok.origin, item, offset))
                     offset += len(tok.text)
