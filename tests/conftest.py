@@ -49,6 +49,19 @@ def tiny_drafters(tiny_dir: Path, tiny_target: Path) -> dict:
             for i, (name, flags) in enumerate(VARIANTS.items())}
 
 
+@pytest.fixture(scope="module")
+def served_engine(tiny_target, tiny_drafters):
+    """The server tests' engine: the tiny pair at k=3 with a minimal chat template (the tiny
+    target has none)."""
+    from edge_eagle import EdgeEagle
+
+    ee = EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=256)
+    ee.target.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    yield ee
+    ee.close()
+
+
 @pytest.fixture(scope="session")
 def qwen2_target(tiny_dir: Path) -> Path:
     """An architecture whose llama.cpp graph exports no layer inputs: the eval-callback path."""

@@ -45,24 +45,9 @@ class Served:
         self.thread.join(timeout=20)
 
 
-def make_engine(tiny_target, tiny_drafters) -> EdgeEagle:
-    """The tiny pair at k=3 with a minimal chat template (the tiny target has none)."""
-    ee = EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=256)
-    ee.target.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    return ee
-
-
 @pytest.fixture(scope="module")
-def engine(tiny_target, tiny_drafters):
-    ee = make_engine(tiny_target, tiny_drafters)
-    yield ee
-    ee.close()
-
-
-@pytest.fixture(scope="module")
-def served(engine):
-    s = Served(engine, max_queue=2)
+def served(served_engine):
+    s = Served(served_engine, max_queue=2)
     yield s
     s.close()
 
@@ -86,11 +71,11 @@ def test_health_and_models(served):
     assert models["data"][0]["edge_eagle"]["k"] == 3
 
 
-def test_chat_completion_is_the_engines_greedy_reply_with_usage_and_acceptance(served, engine):
+def test_chat_completion_is_the_engines_greedy_reply_with_usage_and_acceptance(served, served_engine):
     r = served.http.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 200, r.text
     body = r.json()
-    want = engine.chat(CHAT["messages"], max_tokens=24).result()
+    want = served_engine.chat(CHAT["messages"], max_tokens=24).result()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"] == want.text
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
     usage, ee, timings = body["usage"], body["edge_eagle"], body["timings"]
@@ -120,7 +105,7 @@ def test_streamed_chat_matches_the_plain_response_and_ends_with_usage_and_done(s
     assert usage_chunk["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
 
 
-def test_completions_with_stop_and_the_prompt_cache(served, engine):
+def test_completions_with_stop_and_the_prompt_cache(served, served_engine):
     body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 30}
     full = served.http.post("/v1/completions", json=body).json()
     text = full["choices"][0]["text"]
@@ -177,8 +162,8 @@ def test_metrics_count_drafts_and_accepted_tokens_like_vllm(served):
     assert 'edge_eagle:requests_total{endpoint="/v1/chat/completions",status="200"}' in after
 
 
-def test_api_key_guards_everything_but_health(engine):
-    s = Served(engine, api_key="s3cret")
+def test_api_key_guards_everything_but_health(served_engine):
+    s = Served(served_engine, api_key="s3cret")
     try:
         assert s.http.get("/health").status_code == 200
         for path in ("/v1/models", "/metrics"):
@@ -195,8 +180,8 @@ def test_api_key_guards_everything_but_health(engine):
         s.close()
 
 
-def test_a_full_queue_answers_503_with_retry_after_and_a_disconnect_cancels(engine):
-    s = Served(engine, max_queue=0)
+def test_a_full_queue_answers_503_with_retry_after_and_a_disconnect_cancels(served_engine):
+    s = Served(served_engine, max_queue=0)
     try:
         long = {"prompt": "Once upon a time", "temperature": 0.8, "seed": 1, "max_tokens": 200, "stream": True}
         with s.http.stream("POST", "/v1/completions", json=long) as r:
@@ -210,20 +195,20 @@ def test_a_full_queue_answers_503_with_retry_after_and_a_disconnect_cancels(engi
         while s.http.get("/health").json()["running"]:
             assert time.time() < deadline, "the abandoned generation kept running"
             time.sleep(0.05)
-        assert engine.last_stats.generated < 200
+        assert served_engine.last_stats.generated < 200
         metrics = s.http.get("/metrics").text
         assert 'edge_eagle:request_success_total{finished_reason="abort"} 1.0' in metrics
-        # and the caches are consistent: the next request is what a fresh engine gives
+        # and the caches are consistent: the next request is what a fresh served_engine gives
         got = s.http.post("/v1/completions", json={"prompt": "Once upon a time", "temperature": 0,
                                                    "max_tokens": 20}).json()["choices"][0]["text"]
-        assert got == engine.generate("Once upon a time", max_tokens=20).result().text
+        assert got == served_engine.generate("Once upon a time", max_tokens=20).result().text
     finally:
         s.close()
 
 
-def test_tokenizing_and_the_chat_template_run_off_the_event_loop(served, engine, monkeypatch):
+def test_tokenizing_and_the_chat_template_run_off_the_event_loop(served, served_engine, monkeypatch):
     threads = {"tokenize": [], "template": []}
-    tokenize, template = engine.target.tokenize, engine.apply_chat_template
+    tokenize, template = served_engine.target.tokenize, served_engine.apply_chat_template
 
     def spy(name, fn):
         def wrapper(*args, **kwargs):
@@ -231,8 +216,8 @@ def test_tokenizing_and_the_chat_template_run_off_the_event_loop(served, engine,
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(engine.target, "tokenize", spy("tokenize", tokenize))
-    monkeypatch.setattr(engine, "apply_chat_template", spy("template", template))
+    monkeypatch.setattr(served_engine.target, "tokenize", spy("tokenize", tokenize))
+    monkeypatch.setattr(served_engine, "apply_chat_template", spy("template", template))
     assert served.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert served.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
     assert len(threads["tokenize"]) >= 2 and threads["template"]

@@ -9,21 +9,14 @@ import time
 import httpx
 import pytest
 
-from tests.test_server import CHAT, Served, make_engine
+from tests.test_server import CHAT, Served
 
 TEXT = {"prompt": "Once upon a time", "max_tokens": 6}
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_target, tiny_drafters):
-    ee = make_engine(tiny_target, tiny_drafters)
-    yield ee
-    ee.close()
-
-
-@pytest.fixture(scope="module")
-def served(engine):
-    s = Served(engine, max_queue=2, max_body_bytes=64 << 10)
+def served(served_engine):
+    s = Served(served_engine, max_queue=2, max_body_bytes=64 << 10)
     yield s
     s.close()
 
@@ -117,8 +110,8 @@ def test_a_body_over_the_limit_is_413(served):
     _ok_after(served)
 
 
-def test_a_strict_server_refuses_other_model_names(engine):
-    s = Served(engine, strict_model=True)
+def test_a_strict_server_refuses_other_model_names(served_engine):
+    s = Served(served_engine, strict_model=True)
     try:
         r = s.http.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"})
         assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
@@ -128,7 +121,7 @@ def test_a_strict_server_refuses_other_model_names(engine):
         s.close()
 
 
-def test_a_non_streaming_client_that_leaves_is_cancelled_within_a_few_steps(served, engine):
+def test_a_non_streaming_client_that_leaves_is_cancelled_within_a_few_steps(served, served_engine):
     long = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0.9, "seed": 5}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{served.url}/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.3))
@@ -136,11 +129,11 @@ def test_a_non_streaming_client_that_leaves_is_cancelled_within_a_few_steps(serv
     while served.http.get("/health").json()["running"]:
         assert time.monotonic() < deadline, "the abandoned generation kept running"
         time.sleep(0.02)
-    assert engine.last_stats is not None and engine.last_stats.generated < 200
+    assert served_engine.last_stats is not None and served_engine.last_stats.generated < 200
     _ok_after(served)
 
 
-def test_logprobs_in_openai_shapes_for_drafted_and_target_tokens(served, engine):
+def test_logprobs_in_openai_shapes_for_drafted_and_target_tokens(served, served_engine):
     chat = served.http.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 3}).json()
     content = chat["choices"][0]["logprobs"]["content"]
     assert "".join(e["token"] for e in content) == chat["choices"][0]["message"]["content"]
@@ -162,47 +155,49 @@ def test_logprobs_in_openai_shapes_for_drafted_and_target_tokens(served, engine)
     assert served.http.post("/v1/completions", json=TEXT).json()["choices"][0]["logprobs"] is None
 
 
-def test_logprobs_are_the_targets_whether_a_token_was_drafted_or_not(engine):
+def test_logprobs_are_the_targets_whether_a_token_was_drafted_or_not(served_engine):
     from tests.drafters import OracleDrafter
 
-    plain = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, speculative=False))
-    ids = engine.target.tokenize("Once upon a time") + [t.id for t in plain]
-    drafted = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
+    plain = list(served_engine.generate("Once upon a time", max_tokens=20, logprobs=2, speculative=False))
+    ids = served_engine.target.tokenize("Once upon a time") + [t.id for t in plain]
+    drafted = list(served_engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
     assert [t.id for t in drafted] == [t.id for t in plain]
     assert [t.logprob for t in drafted] == pytest.approx([t.logprob for t in plain], abs=1e-3)
     assert ids  # the reference continuation exists
-    oracle = engine.drafter
+    oracle = served_engine.drafter
     try:
-        engine.drafter = OracleDrafter(ids)
-        spec = list(engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
+        served_engine.drafter = OracleDrafter(ids)
+        spec = list(served_engine.generate("Once upon a time", max_tokens=20, logprobs=2, k=4))
     finally:
-        engine.drafter = oracle
+        served_engine.drafter = oracle
     assert any(t.origin == "draft" for t in spec)
     assert [t.logprob for t in spec] == pytest.approx([t.logprob for t in plain], abs=1e-3)
 
 
-def test_logit_bias_bans_a_token_and_stays_lossless(served, engine):
+def test_logit_bias_bans_a_token_and_stays_lossless(served, served_engine):
     greedy = served.http.post("/v1/completions", json={**TEXT, "max_tokens": 12, "temperature": 0}).json()
-    first = engine.target.tokenize(greedy["choices"][0]["text"], add_special=False)[0]
+    first = served_engine.target.tokenize(greedy["choices"][0]["text"], add_special=False)[0]
     body = {**TEXT, "max_tokens": 12, "temperature": 0, "logit_bias": {str(first): -100}}
     banned = served.http.post("/v1/completions", json=body).json()["choices"][0]["text"]
     assert banned != greedy["choices"][0]["text"]
-    plain = engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, speculative=False).result()
+    ban = dict(max_tokens=12, logit_bias={first: -100})
+    plain = served_engine.generate(TEXT["prompt"], speculative=False, **ban).result()
     assert first not in plain.tokens and plain.text == banned
     for k in (3, "auto"):
-        assert engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k).result().text == banned
-    seeded = {engine.generate(TEXT["prompt"], max_tokens=12, logit_bias={first: -100}, k=k, temperature=0.9,
-                              seed=4).result().text for k in (0, 3)}
+        assert served_engine.generate(TEXT["prompt"], k=k, **ban).result().text == banned
+    seeded = {served_engine.generate(TEXT["prompt"], k=k, temperature=0.9, seed=4, **ban).result().text
+              for k in (0, 3)}
     assert len(seeded) == 1
 
 
-def test_penalties_change_the_text_and_stay_lossless(engine):
+def test_penalties_change_the_text_and_stay_lossless(served_engine):
     prompt, n = "Once upon a time", 40
-    plain = engine.generate(prompt, max_tokens=n, speculative=False).result().tokens
+    plain = served_engine.generate(prompt, max_tokens=n, speculative=False).result().tokens
     args = dict(max_tokens=n, presence_penalty=0.4, frequency_penalty=0.6, repeat_penalty=1.3)
-    penalized = engine.generate(prompt, speculative=False, **args).result().tokens
+    penalized = served_engine.generate(prompt, speculative=False, **args).result().tokens
     assert penalized != plain
     for kw in ({"k": 3}, {"k": "auto"}, {"tree": 5}):
-        assert engine.generate(prompt, **args, **kw).result().tokens == penalized, kw
-    seeded = {tuple(engine.generate(prompt, temperature=0.9, seed=2, k=k, **args).result().tokens) for k in (0, 3)}
+        assert served_engine.generate(prompt, **args, **kw).result().tokens == penalized, kw
+    seeded = {tuple(served_engine.generate(prompt, temperature=0.9, seed=2, k=k, **args).result().tokens)
+              for k in (0, 3)}
     assert len(seeded) == 1
