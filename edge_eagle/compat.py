@@ -3,17 +3,19 @@ take `llama_cpp.Llama`'s arguments, with its defaults, and return its dicts (or,
 stream=True, iterators of its chunks), each with the `edge_eagle` object and llama-server's
 `timings` added. An app written against llama-cpp-python switches by changing its constructor.
 
+`grammar` (a llama_cpp.LlamaGrammar or GBNF text), `response_format` and `tools` /
+`tool_choice` constrain and read the output as tools.py says, the same as the server does.
 Arguments llama-cpp-python has and edge-eagle does not implement raise EdgeEagleError when they
-ask for something (typical_p, tfs_z, mirostat, grammar, logits
-processors, stopping criteria, echo, suffix, tools, functions, structured output); left at
-their defaults they are accepted, as they change nothing. The server's bodies are the same
-builders (server/responses.py)."""
+ask for something (typical_p, tfs_z, mirostat, logits processors, stopping criteria, echo,
+suffix, the legacy functions); left at their defaults they are accepted, as they change nothing.
+The server's bodies are the same builders (server/responses.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from .errors import EdgeEagleError
+from .tools import ChatPlan, ToolStream, chat_plan
 
 if TYPE_CHECKING:
     from .api import EdgeEagle, Generation, Token
@@ -24,12 +26,10 @@ _DEFAULTS_ONLY = {  # argument: (its "off" value, what to say)
     "typical_p": (1.0, "typical_p is not implemented; pass 1.0"),
     "tfs_z": (1.0, "tfs_z is not implemented; pass 1.0"),
     "mirostat_mode": (0, "mirostat is not implemented; pass 0"),
-    "grammar": (None, "grammars are not implemented"),
     "logits_processor": (None, "logits processors are not implemented"),
     "stopping_criteria": (None, "stopping criteria are not implemented; use stop strings"),
-    "functions": (None, "function calls are not implemented"),
-    "function_call": (None, "function calls are not implemented"),
-    "tools": (None, "tool calls are not implemented"),
+    "functions": (None, "the legacy functions are not implemented; pass them as tools"),
+    "function_call": (None, "the legacy function_call is not implemented; use tools and tool_choice"),
 }
 
 
@@ -38,11 +38,16 @@ def _refuse_unsupported(args: Mapping[str, Any]) -> None:
         off, why = _DEFAULTS_ONLY.get(name, (value, ""))
         if value != off and not (off is None and not value):
             raise EdgeEagleError(f"{name}: {why}.")
-    fmt = args.get("response_format")
-    if fmt and fmt.get("type", "text") != "text":
-        raise EdgeEagleError(f"response_format {fmt.get('type')!r}: structured output is not implemented.")
-    if args.get("tool_choice") not in (None, "none", "auto"):
-        raise EdgeEagleError("tool_choice: tool calls are not implemented.")
+
+
+def grammar_text(grammar: Any) -> str | None:
+    """A llama_cpp.LlamaGrammar's GBNF text (or the text itself)."""
+    if grammar is None or isinstance(grammar, str):
+        return grammar or None
+    text = getattr(grammar, "_grammar", None)
+    if not isinstance(text, str):
+        raise EdgeEagleError("grammar must be a llama_cpp.LlamaGrammar or GBNF text.")
+    return text
 
 
 def _stops(stop: str | Sequence[str] | None) -> list[str]:
@@ -76,29 +81,40 @@ def _model_name(engine: "EdgeEagle", model: str | None) -> str:
 
 
 def _run(engine: "EdgeEagle", kind: str, gen: "Generation", model: str, stream: bool,
-         want_logprobs: bool) -> Any:
+         want_logprobs: bool, plan: ChatPlan | None = None) -> Any:
     from .server import responses as R
 
     env = R.Envelope.new(kind, model)
     if stream:
-        return _stream(engine, env, gen, want_logprobs)
+        return _stream(engine, env, gen, want_logprobs, plan)
     tokens = list(gen)
     items = [i for i in (logprob_item(engine, t) for t in tokens) if i is not None] if want_logprobs else None
-    return R.completion(env, gen.text, R.finish_reason(gen.finish_reason), _figures(engine, gen), items)
+    content, calls = plan.finish(gen.text) if plan is not None else (gen.text, [])
+    finish = "tool_calls" if calls else R.finish_reason(gen.finish_reason)
+    return R.completion(env, content, finish, _figures(engine, gen), items, calls)
 
 
-def _stream(engine: "EdgeEagle", env: Any, gen: "Generation", want_logprobs: bool) -> Iterator[dict[str, Any]]:
+def _stream(engine: "EdgeEagle", env: Any, gen: "Generation", want_logprobs: bool,
+            plan: ChatPlan | None) -> Iterator[dict[str, Any]]:
     from .server import responses as R
 
     if env.kind == "chat":
         yield R.role_chunk(env)
+    calls = ToolStream(plan.style if plan is not None else None)
     offset = 0
     for tok in gen:
         item = logprob_item(engine, tok) if want_logprobs else None
-        if tok.text or item is not None:
-            yield R.token_chunk(env, tok.text, tok.origin, item, offset)
-            offset += len(tok.text)
-    yield R.final_chunk(env, R.finish_reason(gen.finish_reason), _figures(engine, gen))
+        text = calls.feed(tok.text)
+        if text or item is not None:
+            yield R.token_chunk(env, text, tok.origin, item, offset)
+            offset += len(text)
+    rest, tool_calls = calls.finish()
+    if rest:
+        yield R.token_chunk(env, rest, "target")
+    if tool_calls:
+        yield R.tool_calls_chunk(env, tool_calls)
+    finish = "tool_calls" if tool_calls else R.finish_reason(gen.finish_reason)
+    yield R.final_chunk(env, finish, _figures(engine, gen))
 
 
 class LlamaCompat:
@@ -117,14 +133,15 @@ class LlamaCompat:
         iterator of its chunks. max_tokens None or below 1: up to the end of the window."""
         engine: EdgeEagle = self  # type: ignore[assignment]
         _refuse_unsupported(dict(suffix=suffix, echo=echo, typical_p=typical_p, tfs_z=tfs_z,
-                                 mirostat_mode=mirostat_mode, grammar=grammar, logits_processor=logits_processor,
+                                 mirostat_mode=mirostat_mode, logits_processor=logits_processor,
                                  stopping_criteria=stopping_criteria))
         ids = engine.target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         limit = max_tokens if max_tokens and max_tokens > 0 else engine.target.n_ctx - len(ids)
         gen = engine.generate(ids, max_tokens=max(1, limit), temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, seed=seed if seed is None or seed >= 0 else None, stop=_stops(stop),
                               logprobs=logprobs, logit_bias=logit_bias, presence_penalty=presence_penalty,
-                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty)
+                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty,
+                              grammar=grammar_text(grammar))
         return _run(engine, "text", gen, _model_name(engine, model), stream, logprobs is not None)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], functions: Any = None,
@@ -142,27 +159,19 @@ class LlamaCompat:
         iterator of chat.completion.chunk dicts. The target's own chat template renders `messages`
         (text content parts are joined). max_tokens None: up to the end of the window."""
         engine: EdgeEagle = self  # type: ignore[assignment]
-        _refuse_unsupported(dict(functions=functions, function_call=function_call, tools=tools,
-                                 tool_choice=tool_choice, typical_p=typical_p, tfs_z=tfs_z,
-                                 mirostat_mode=mirostat_mode, grammar=grammar, logits_processor=logits_processor,
-                                 response_format=response_format))
+        _refuse_unsupported(dict(functions=functions, function_call=function_call, typical_p=typical_p, tfs_z=tfs_z,
+                                 mirostat_mode=mirostat_mode, logits_processor=logits_processor))
         if top_logprobs and not logprobs:
             raise EdgeEagleError("top_logprobs needs logprobs=True.")
-        plain = [{**m, "content": _text(m.get("content"))} for m in messages]
-        ids = engine.target.tokenize(engine.apply_chat_template(plain), add_special=False)
+        plan = chat_plan(engine, messages, tools=tools, tool_choice=tool_choice, response_format=response_format,
+                         grammar=grammar_text(grammar))
+        ids = plan.prompt
         limit = max_tokens if max_tokens and max_tokens > 0 else engine.target.n_ctx - len(ids)
         n_top = (top_logprobs or 0) if logprobs else None
         gen = engine.generate(ids, max_tokens=max(1, limit), temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, seed=seed if seed is None or seed >= 0 else None, stop=_stops(stop),
                               logprobs=n_top, logit_bias=logit_bias, presence_penalty=presence_penalty,
-                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty)
-        return _run(engine, "chat", gen, _model_name(engine, model), stream, n_top is not None)
+                              frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty,
+                              grammar=plan.grammar)
+        return _run(engine, "chat", gen, _model_name(engine, model), stream, n_top is not None, plan)
 
-
-def _text(content: Any) -> str:
-    """A message's content as text: a string, None, or OpenAI's list of {"type": "text"} parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))

@@ -64,12 +64,26 @@ class StepCycle:
         if room <= 0 or plan.n <= 0:
             return EMPTY
         if plan.kind == LOOKUP:
-            return (plan.proposal or EMPTY).truncated(room)
+            return self.within_grammar((plan.proposal or EMPTY).truncated(room))
         if plan.kind == TREE and room > 1:  # depth within the tokens left, nodes within the window
             return drafter.propose_tree(seq, min(plan.n, target.tree_paths, target.n_ctx - n_past - 1),
                                         depth=min(self.tree_depth, room))
         choose = self.sampler.drafter_at(len(seq)) if self.sampler.seeded else self.choose
-        return drafter.propose(seq, min(plan.n, room), self.p_min, choose).truncated(room)
+        return self.within_grammar(drafter.propose(seq, min(plan.n, room), self.p_min, choose).truncated(room))
+
+    def within_grammar(self, proposal: Proposal) -> Proposal:
+        """A deterministic chain (greedy or seeded) cut before its first draft the grammar forbids:
+        verification would reject that draft and every one after it, and the row it would have
+        been verified on is then the bonus row, so the cut changes nothing but the batch size.
+        (A sampled draft's rejection draws from the residual, so sampled chains stay whole.)"""
+        grammar = self.sampler.grammar
+        if grammar is None or not proposal.is_chain or not (self.sampler.params.greedy or self.sampler.seeded):
+            return proposal
+        drafts = proposal.tokens
+        for n, d in enumerate(drafts):
+            if not grammar.allows(d, drafts[:n]):
+                return proposal.truncated(n)
+        return proposal
 
     def run(self, plan: Plan, seq: Sequence[int], n_past: int, room: int, capturing: bool,
             trim_to: int | None) -> CycleResult:

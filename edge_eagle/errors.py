@@ -9,6 +9,14 @@ class EdgeEagleError(Exception):
     exit_code = 2
 
 
+class RequestFieldError(EdgeEagleError):
+    """A request field (`param`: "tools", "response_format", ...) asks for what cannot run."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class ModelFileError(EdgeEagleError):
     """A model file is missing, truncated, not a GGUF, or not what was expected."""
 

@@ -8,14 +8,27 @@ which drafts were proposed: a draft is accepted iff it equals that sample, so th
 same whatever k, tree or proposer runs, and the same as plain decoding with that seed. The
 drafter draws its drafts with the same noise (argmax(log q_t + g_t)), so it matches as often
 as its distribution allows. Without a seed, drafts are accepted by rejection sampling
-(verify.py), which accepts more when q is close to p."""
+(verify.py), which accepts more when q is close to p.
+
+With a grammar (grammar.py), the target distribution at a position is the one above over the
+tokens the grammar allows there, the others masked to -inf before temperature, top-k, top-p and
+min-p. Each method that judges the target's choice takes `path`, the drafts between the
+committed tokens and that position (None: no grammar, as for the drafter's own picks); the
+grammar's state along it decides the mask. Greedy and untruncated seeded picks first try the
+unconstrained winner and only mask the whole vocabulary when the grammar forbids it (masking
+cannot change a winner it allows), as llama.cpp's samplers do."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
+
+Path = Sequence[int] | None
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
+    grammar: str | None = None  # GBNF text (grammar.py) the output must follow
 
     @property
     def penalized(self) -> bool:
@@ -38,8 +52,13 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy on the raw logits: no bias, no penalties (what the native cycle runs)."""
-        return self.greedy and not self.logit_bias and not self.penalized
+        """Greedy on the raw logits: no bias, no penalties, no grammar (what the native cycle runs)."""
+        return self.greedy and not self.logit_bias and not self.penalized and not self.grammar
+
+    @property
+    def truncated(self) -> bool:
+        """Top-k, top-p or min-p drop tokens (after the grammar's mask, which then decides the set)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     @property
     def greedy(self) -> bool:
@@ -54,8 +73,9 @@ class SamplingParams:
 class Sampler:
     NOISE_CACHE = 64  # positions whose noise is kept (a cycle drafts and verifies a few)
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, grammar: "Grammar | None" = None):
         self.params = params
+        self.grammar = grammar  # the state of params.grammar over this generation
         self.rng = np.random.default_rng(params.seed)
         self.seeded = params.seeded
         self._noise: dict[tuple[int, int], np.ndarray] = {}
@@ -81,14 +101,31 @@ class Sampler:
             out[ids] = x - counts * p.frequency_penalty - p.presence_penalty
         return out
 
-    def argmax(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
-        """The greedy token: the argmax of the adjusted logits."""
-        return int(np.argmax(self.adjust(logits, history)))
+    def _best(self, z: np.ndarray, path: Path) -> int:
+        """argmax z over the tokens the grammar allows after `path` (all without a path)."""
+        best = int(np.argmax(z))
+        g = self.grammar
+        if g is None or path is None or g.allows(best, path):
+            return best
+        return int(np.argmax(g.constrain(z, path)))
 
-    def log_weights(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
-        """log p + a constant, float64: the scaled logits with -inf outside top-k and top-p."""
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens the loop emitted: a grammar's state moves past them."""
+        if self.grammar is not None:
+            self.grammar.commit(tokens)
+
+    def argmax(self, logits: np.ndarray, history: Sequence[int] | None = None, path: Path = None) -> int:
+        """The greedy token: the argmax of the adjusted logits (within the grammar after path)."""
+        return self._best(self.adjust(logits, history), path)
+
+    def log_weights(self, logits: np.ndarray, history: Sequence[int] | None = None, path: Path = None) -> np.ndarray:
+        """log p + a constant, float64: the scaled logits with -inf outside the grammar after
+        `path`, top-k and top-p."""
         p = self.params
-        z = self.adjust(logits, history).astype(np.float64)
+        z = self.adjust(logits, history)
+        if self.grammar is not None and path is not None:
+            z = self.grammar.constrain(z, path)
+        z = z.astype(np.float64)
         with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
             z = (z - z.max()) / p.temperature
         if 0 < p.top_k < z.shape[-1]:
@@ -105,9 +142,9 @@ class Sampler:
             z[drop] = -np.inf
         return z
 
-    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None) -> np.ndarray:
-        """The target distribution after temperature, top-k and top-p, as float64."""
-        z = self.log_weights(logits, history)
+    def probs(self, logits: np.ndarray, history: Sequence[int] | None = None, path: Path = None) -> np.ndarray:
+        """The target distribution after the grammar, temperature, top-k and top-p, as float64."""
+        z = self.log_weights(logits, history, path)
         probs = np.exp(z - z.max())
         return probs / probs.sum()
 
@@ -121,18 +158,27 @@ class Sampler:
             g = self._noise[key] = np.random.default_rng([int(self.params.seed or 0), pos]).gumbel(size=n)
         return g
 
-    def sample_at(self, logits: np.ndarray, pos: int, history: Sequence[int] | None = None) -> int:
+    def sample_at(self, logits: np.ndarray, pos: int, history: Sequence[int] | None = None,
+                  path: Path = None) -> int:
         """The seeded sample at sequence position pos: argmax(log p + g_pos)."""
-        return int(np.argmax(self.log_weights(logits, history) + self.noise(pos, logits.shape[-1])))
+        g = self.noise(pos, logits.shape[-1])
+        if self.grammar is not None and path is not None and not self.params.truncated:
+            # untruncated: log p is the scaled logits within the grammar, so mask only if needed
+            best = int(np.argmax(self.log_weights(logits, history) + g))
+            if self.grammar.allows(best, path):
+                return best
+        return int(np.argmax(self.log_weights(logits, history, path) + g))
 
-    def sample(self, logits: np.ndarray, pos: int | None = None, history: Sequence[int] | None = None) -> int:
+    def sample(self, logits: np.ndarray, pos: int | None = None, history: Sequence[int] | None = None,
+               path: Path = None) -> int:
         """The target's token from its logits (pos: the token's sequence position, which a seeded
-        request's sample depends on; history: the tokens before it, for the penalties)."""
+        request's sample depends on; history: the tokens before it, for the penalties; path: the
+        drafts since the committed tokens, for a grammar)."""
         if self.params.greedy:
-            return self.argmax(logits, history)
+            return self.argmax(logits, history, path)
         if self.seeded and pos is not None:
-            return self.sample_at(logits, pos, history)
-        probs = self.probs(logits, history)
+            return self.sample_at(logits, pos, history, path)
+        probs = self.probs(logits, history, path)
         return int(self.rng.choice(len(probs), p=probs))
 
     def draft(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:

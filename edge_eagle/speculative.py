@@ -86,7 +86,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
 
     t0 = perf_counter()
     res = target.prefill(prompt[start:], start)
-    first = sampler.sample(res.logits[-1], len(prompt), prompt)
+    first = sampler.sample(res.logits[-1], len(prompt), prompt, path=())
     if on_rows is not None:
         on_rows(np.array(res.logits[-1:]))
     stats.t_prefill = perf_counter() - t0
@@ -99,6 +99,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     stats.t_total = perf_counter() - t_start
     seq, n_past, produced = list(prompt) + [first], len(prompt), 1
     stats.generated = 1
+    sampler.commit([first])
     yield [first], [TARGET]
 
     while produced < max_tokens:
@@ -127,5 +128,6 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         n_past += n_acc + 1
         produced += len(new)
         stats.generated = produced
+        sampler.commit(new)
         stats.t_total += perf_counter() - t_step  # time inside the loop only, not the consumer's
         yield new, [DRAFT] * n_acc + [TARGET]

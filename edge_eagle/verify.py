@@ -42,21 +42,22 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
     def before(n: int) -> list[int] | None:
         return None if tail is None else tail + list(drafts[:n])
 
+    n_d = len(drafts)
     if sampler.params.greedy:  # row by row: the rows after the first mismatch are never read
         for n, d in enumerate(drafts):
-            best = sampler.argmax(logits[n], before(n))
+            best = sampler.argmax(logits[n], before(n), drafts[:n])
             if best != d:
                 return n, best
-        return len(drafts), sampler.argmax(logits[len(drafts)], before(len(drafts)))
+        return n_d, sampler.argmax(logits[n_d], before(n_d), drafts)
     if sampler.seeded and pos is not None:  # the seeded sample at each row; a draft must equal it
         for n, d in enumerate(drafts):
-            token = sampler.sample_at(logits[n], pos + n, before(n))
+            token = sampler.sample_at(logits[n], pos + n, before(n), drafts[:n])
             if token != d:
                 return n, token
-        return len(drafts), sampler.sample_at(logits[len(drafts)], pos + len(drafts), before(len(drafts)))
+        return n_d, sampler.sample_at(logits[n_d], pos + n_d, before(n_d), drafts)
     q = proposal.q
     for i, d in enumerate(drafts):
-        p = sampler.probs(logits[i], before(i))
+        p = sampler.probs(logits[i], before(i), drafts[:i])  # p(d) is 0 where the grammar forbids d
         q_d = 1.0 if q is None else float(q[i][d])
         if sampler.rng.random() * q_d < p[d]:  # accept with min(1, p(d) / q(d))
             continue
@@ -69,7 +70,7 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
         if total <= 0.0:  # p == q: a rejection cannot happen; guard against rounding
             return i, int(d)
         return i, int(sampler.rng.choice(len(residual), p=residual / total))
-    return len(drafts), sampler.sample(logits[len(drafts)], history=before(len(drafts)))
+    return n_d, sampler.sample(logits[n_d], history=before(n_d), path=drafts)
 
 
 def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | None = None,
@@ -95,16 +96,17 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: i
     while True:
         kids = children[row]
         hit = None
-        before = None if tail is None else tail + [tokens[i] for i in path]  # the path so far, for penalties
+        drafted = [tokens[i] for i in path]  # the path so far, for penalties and a grammar
+        before = None if tail is None else tail + drafted
         if sampler.params.greedy or (sampler.seeded and pos is not None):
             # greedy: the argmax; seeded: the sample at this depth's position
-            best = (sampler.argmax(logits[row], before) if pos is None or sampler.params.greedy
-                    else sampler.sample_at(logits[row], pos + len(path), before))
+            best = (sampler.argmax(logits[row], before, drafted) if pos is None or sampler.params.greedy
+                    else sampler.sample_at(logits[row], pos + len(path), before, drafted))
             hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
             if hit is None:
                 return path, best, ranks
         else:
-            p = sampler.probs(logits[row], before)
+            p = sampler.probs(logits[row], before, drafted)
             for r, i in enumerate(kids):
                 x = tokens[i]
                 if sampler.rng.random() < p[x]:

@@ -15,6 +15,7 @@ import json  # noqa: E402
 from edge_eagle.target import Target  # noqa: E402
 from edge_eagle.train.data import iter_jsonl  # noqa: E402
 from edge_eagle.train.extract import extract  # noqa: E402
+from tests.chat_templates import MINIMAL  # noqa: E402
 from tests.tiny_models import make_drafter, smollm_path, write_tiny_target  # noqa: E402
 
 VARIANTS = {
@@ -56,8 +57,7 @@ def served_engine(tiny_target, tiny_drafters):
     from edge_eagle import EdgeEagle
 
     ee = EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=256)
-    ee.target.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    ee.target.chat_template = MINIMAL
     yield ee
     ee.close()
 

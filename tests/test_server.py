@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+from typing import Literal
 
 import httpx
 import pytest
@@ -273,9 +274,20 @@ def test_the_openai_client_talks_to_edge_eagle_serve_on_smollm(tmp_path):
         lp = client.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=8, logprobs=True,
                                             top_logprobs=2).choices[0].logprobs.content
         assert lp and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in lp)
-        with pytest.raises(openai.BadRequestError):  # an output-changing field not implemented: a clear 400
-            client.chat.completions.create(model=model, messages=msgs, max_tokens=4,
-                                           response_format={"type": "json_object"})
+        # structured output on the real model, parsed by the client into its pydantic class
+        from pydantic import BaseModel, Field
+
+        class Fruit(BaseModel):
+            name: str = Field(max_length=12)
+            color: Literal["red", "green", "yellow", "orange"]
+            sweet: bool
+
+        parsed = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Name a fruit."}],
+                                               temperature=0, max_tokens=64, response_format=Fruit)
+        assert isinstance(parsed.choices[0].message.parsed, Fruit)
+        with pytest.raises(openai.BadRequestError, match="no tool support"):  # SmolLM2's template has no tools
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=4, tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     finally:
         proc.terminate()
         proc.wait(timeout=30)

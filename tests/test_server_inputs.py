@@ -70,7 +70,9 @@ def test_json_is_read_as_json_whatever_the_content_type(served, content_type):
     ({**TEXT, "echo": True}, "echo"),
     ({**TEXT, "suffix": "The end."}, "suffix"),
     ({**TEXT, "best_of": 2}, "best_of"),
-    ({**TEXT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**TEXT, "response_format": {"type": "xml"}}, "response_format"),
+    ({**TEXT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({**TEXT, "grammar": "root ::= ("}, "grammar"),
     ({**TEXT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({**TEXT, "tool_choice": "required"}, "tool_choice"),
 ])
@@ -81,6 +83,22 @@ def test_inputs_that_cannot_be_honoured_get_a_400_that_names_them(served, body, 
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
     assert (param if param != "prompt" else "surrogate") in err["message"]
+    _ok_after(served)
+
+
+@pytest.mark.parametrize("extra,param,says", [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools", "no tool support"),
+    ({"tool_choice": "required"}, "tool_choice", "no tools"),
+    ({"tools": [{"type": "function"}]}, "tools", "Each tool"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nowhere"}}}},
+     "response_format", "schema"),
+    ({"grammar": "root ::= (", "max_tokens": 4}, "grammar", "grammar"),
+])
+def test_chat_fields_that_cannot_run_get_a_400_that_names_them(served, extra, param, says):
+    r = served.http.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and says in err["message"], err
     _ok_after(served)
 
 

@@ -22,9 +22,10 @@ def smollm_path() -> Path:
     return defaults.default_target()
 
 
-def write_tiny_target(path: Path, seed: int = 0, arch: str = "llama", **overrides: int) -> Path:
+def write_tiny_target(path: Path, seed: int = 0, arch: str = "llama", chat_template: str | None = None,
+                      **overrides: int) -> Path:
     """A GGUF of `arch` (llama or qwen2): TINY sizes, random f32 weights, SmolLM2's tokenizer
-    and chat template."""
+    and chat template (chat_template, when given, in its place)."""
     cfg = {**TINY, **overrides}
     tok_src = read_gguf(smollm_path())
     rng = np.random.default_rng(seed)
@@ -43,6 +44,8 @@ def write_tiny_target(path: Path, seed: int = 0, arch: str = "llama", **override
     w.add_uint32(f"{arch}.rope.dimension_count", hd)
     w.add_uint32(f"{arch}.vocab_size", tok_src.vocab_size)
     copy_tokenizer(w, tok_src)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def lin(out_f: int, in_f: int) -> np.ndarray:
         return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)

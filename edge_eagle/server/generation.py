@@ -13,6 +13,8 @@ from sse_starlette.sse import EventSourceResponse
 from .. import compat
 from ..api import Token, check_logit_bias
 from ..errors import EdgeEagleError
+from ..grammar import Grammar
+from ..tools import ChatPlan, ToolStream
 from . import responses
 from .errors import APIError
 from .schemas import Sampling
@@ -28,8 +30,9 @@ def check_model(state: ServerState, name: str | None) -> None:
                        "(GET /v1/models).", param="model", code="model_not_found")
 
 
-def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> dict[str, Any]:
+def generate_options(state: ServerState, body: Sampling, plan: ChatPlan) -> dict[str, Any]:
     """The engine's generate() options for this request; APIError when the request cannot run."""
+    prompt = plan.prompt
     n_ctx = state.engine.target.n_ctx
     if not prompt:
         raise APIError(400, "The prompt is empty; send some text.", param="prompt")
@@ -40,6 +43,11 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
         check_logit_bias(body.logit_bias, state.engine.target.n_vocab)
     except EdgeEagleError as exc:
         raise APIError(400, str(exc), param="logit_bias") from None
+    if plan.grammar:
+        try:
+            Grammar(state.engine.target, plan.grammar).close()
+        except EdgeEagleError as exc:
+            raise APIError(400, str(exc), param="grammar" if body.grammar else "response_format") from None
     limit = body.limit()
     if limit is not None and not 1 <= limit <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context window ({n_ctx}), got {limit}.",
@@ -47,7 +55,7 @@ def generate_options(state: ServerState, body: Sampling, prompt: list[int]) -> d
     return dict(max_tokens=limit if limit is not None else n_ctx - len(prompt), temperature=body.temperature,
                 top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop=body.stops(), k=state.options.k,
                 logprobs=body.logprobs_n(), logit_bias=body.logit_bias, presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty, repeat_penalty=body.repeat_penalty)
+                frequency_penalty=body.frequency_penalty, repeat_penalty=body.repeat_penalty, grammar=plan.grammar)
 
 
 def figures(state: ServerState, job: Job) -> dict[str, Any]:
@@ -62,11 +70,12 @@ def job_finish_reason(job: Job) -> str:
     return responses.finish_reason(job.generation.finish_reason if job.generation else None)
 
 
-async def respond(state: ServerState, request: Request, body: Sampling, prompt: list[int], kind: str) -> Any:
-    """Run `prompt` for a request of `kind` ("chat" or "text"): a response body, or an SSE stream."""
+async def respond(state: ServerState, request: Request, body: Sampling, plan: ChatPlan, kind: str) -> Any:
+    """Run `plan` (its prompt and grammar) for a request of `kind` ("chat" or "text"): a response
+    body, or an SSE stream."""
     check_model(state, body.model)
     opts = state.options
-    job = Job(prompt, generate_options(state, body, prompt), asyncio.get_running_loop())
+    job = Job(plan.prompt, generate_options(state, body, plan), asyncio.get_running_loop())
     if not state.worker.submit(job):
         raise APIError(503, f"The server is busy ({state.worker.admitted} requests admitted); retry in "
                        f"{opts.retry_after_s} s.", type_="server_error", code="overloaded",
@@ -76,15 +85,16 @@ async def respond(state: ServerState, request: Request, body: Sampling, prompt: 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         state.metrics.requests.labels(endpoint, "200").inc()
-        return EventSourceResponse(stream(state, job, env, include_usage), ping=15, send_timeout=30)
+        return EventSourceResponse(stream(state, job, env, include_usage, plan.stream()), ping=15, send_timeout=30)
     tokens, error = await collect(request, job)
     if error is not None:
         state.metrics.requests.labels(endpoint, "500").inc()
         raise APIError(500, f"Generation failed: {error}", type_="server_error")
     state.metrics.requests.labels(endpoint, "200").inc()
     items = [compat.logprob_item(state.engine, t) for t in tokens] if job.options.get("logprobs") is not None else None
-    return responses.completion(env, "".join(t.text for t in tokens), job_finish_reason(job), figures(state, job),
-                                [i for i in items if i is not None] if items is not None else None)
+    content, calls = plan.finish("".join(t.text for t in tokens))
+    return responses.completion(env, content, "tool_calls" if calls else job_finish_reason(job), figures(state, job),
+                                [i for i in items if i is not None] if items is not None else None, calls)
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -115,8 +125,10 @@ async def collect(request: Request, job: Job) -> tuple[list[Token], Exception | 
         watcher.cancel()
 
 
-async def stream(state: ServerState, job: Job, env: responses.Envelope, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE data lines of a streamed response, ending with "[DONE]"."""
+async def stream(state: ServerState, job: Job, env: responses.Envelope, include_usage: bool,
+                 calls: ToolStream) -> AsyncIterator[str]:
+    """The SSE data lines of a streamed response, ending with "[DONE]"; `calls` holds back text
+    that may be a tool call and parses it at the end."""
     try:
         if env.kind == "chat":
             yield json.dumps(responses.role_chunk(env))
@@ -126,15 +138,21 @@ async def stream(state: ServerState, job: Job, env: responses.Envelope, include_
             if what == "token":
                 tok: Token = value
                 item = compat.logprob_item(state.engine, tok)
-                if tok.text or item is not None:  # else: the first bytes of a character, nothing to send
-                    yield json.dumps(responses.token_chunk(env, tok.text, tok.origin, item, offset))
-                    offset += len(tok.text)
+                text = calls.feed(tok.text)
+                if text or item is not None:  # else: the first bytes of a character, nothing to send
+                    yield json.dumps(responses.token_chunk(env, text, tok.origin, item, offset))
+                    offset += len(text)
             elif what == "error":
                 yield json.dumps(responses.error_body(f"Generation failed: {value}", "server_error"))
             else:
                 break
+        rest, tool_calls = calls.finish()
+        if rest:
+            yield json.dumps(responses.token_chunk(env, rest, "target"))
+        if tool_calls:
+            yield json.dumps(responses.tool_calls_chunk(env, tool_calls))
         rep = figures(state, job)
-        yield json.dumps(responses.final_chunk(env, job_finish_reason(job), rep))
+        yield json.dumps(responses.final_chunk(env, "tool_calls" if tool_calls else job_finish_reason(job), rep))
         if include_usage:
             yield json.dumps(responses.usage_chunk(env, rep))
         yield "[DONE]"

@@ -113,13 +113,17 @@ def logprobs(kind: str, items: list[LogprobItem], offset: int = 0) -> dict[str, 
             "top_logprobs": [{tt: tlp for tt, _, tlp in top} for _, _, _, top in items], "text_offset": offsets}
 
 
-def completion(env: Envelope, text: str, finish: str, figures: Mapping[str, Any],
-               logprob_items: list[LogprobItem] | None = None) -> dict[str, Any]:
-    """A non-streaming response; `figures` is report()'s or unstarted_report()'s."""
+def completion(env: Envelope, text: str | None, finish: str, figures: Mapping[str, Any],
+               logprob_items: list[LogprobItem] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A non-streaming response; `figures` is report()'s or unstarted_report()'s. A chat answer
+    with tool calls has them in its message (its content: the text outside them, or null)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                               "logprobs": None if logprob_items is None else logprobs(env.kind, logprob_items)}
     if env.kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
+        if tool_calls:
+            choice["message"]["tool_calls"] = tool_calls
     else:
         choice["text"] = text
     obj = "chat.completion" if env.kind == "chat" else "text_completion"
@@ -147,6 +151,11 @@ def token_chunk(env: Envelope, text: str, origin: str, logprob_item: LogprobItem
     if logprob_item is not None:
         chunk["choices"][0]["logprobs"] = logprobs(env.kind, [logprob_item], offset)
     return chunk
+
+
+def tool_calls_chunk(env: Envelope, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat stream's tool calls, whole, in one chunk (each with its index, as OpenAI streams them)."""
+    return _chunk(env, {"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]}, "", None)
 
 
 def final_chunk(env: Envelope, finish: str, figures: Mapping[str, Any]) -> dict[str, Any]:

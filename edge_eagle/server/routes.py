@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import EdgeEagleError
+from ..tools import ChatPlan, chat_plan, grammar_for
 from . import responses
 from .errors import APIError
 from .generation import check_model, respond
@@ -60,22 +61,24 @@ async def model(model_id: str, state: ServerState = Depends(get_state)) -> dict[
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest, state: ServerState = Depends(get_state)) -> Any:
-    # OpenAI's newer "developer" role is what chat templates know as "system"
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in body.messages]
-    engine = state.engine
+    messages = [m.for_template() for m in body.messages]
     try:
-        text = await run_in_threadpool(engine.apply_chat_template, messages)
-    except EdgeEagleError as exc:
-        raise APIError(400, str(exc), param="messages") from None
-    prompt = await _tokenize(state, text, "messages", add_special=False)
-    return await respond(state, request, body, prompt, "chat")
+        plan = await run_in_threadpool(chat_plan, state.engine, messages, tools=body.tools,
+                                       tool_choice=body.tool_choice, response_format=body.response_format,
+                                       grammar=body.grammar)
+    except EdgeEagleError as exc:  # a field that cannot run, or a message the template or tokenizer refuses
+        raise APIError(400, str(exc), param=getattr(exc, "param", "messages")) from None
+    return await respond(state, request, body, plan, "chat")
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest, state: ServerState = Depends(get_state)) -> Any:
     prompt = await _tokenize(state, body.text(), "prompt")
-    return await respond(state, request, body, prompt, "text")
+    try:
+        plan = ChatPlan(prompt, grammar=grammar_for(body.response_format, body.grammar))
+    except EdgeEagleError as exc:
+        raise APIError(400, str(exc), param=getattr(exc, "param", "response_format")) from None
+    return await respond(state, request, body, plan, "text")
 
 
 async def _tokenize(state: ServerState, text: str, param: str, add_special: bool = True) -> list[int]:

@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI endpoints, validated by pydantic. Unknown fields are ignored,
 as OpenAI-compatible servers do, so clients that send more than we use keep working. An explicit
 `null` means the field is absent (the OpenAI API allows it; its Python SDK sends it). Fields that
-change the output and are not implemented (structured output,
-tools, echo, suffix, best_of) are refused with a 400 that says so, unless they carry their
-default value: a request is never answered as if they were absent."""
+change the output and are not implemented (echo, suffix, best_of, the legacy functions) are
+refused with a 400 that says so, unless they carry their default value: a request is never
+answered as if they were absent. response_format, grammar, tools and tool_choice are read by
+tools.chat_plan(), as the library's create_chat_completion() reads them."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as tools.chat_plan() takes it."""
+        return {**self.model_dump(exclude_none=True, exclude={"content"}), "content": self.text()}
 
     def text(self) -> str:
         if self.content is None:
@@ -41,8 +49,7 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "best_of": (1, "best_of is not implemented (one completion per request)"),
     "echo": (False, "echo is not implemented"),
     "suffix": ("", "suffix (insertion) is not implemented"),
-    "tools": ([], "tool calls are not implemented; send the request without tools"),
-    "functions": ([], "function calls are not implemented; send the request without functions"),
+    "functions": ([], "the legacy functions are not implemented; send them as tools"),
 }
 
 
@@ -61,7 +68,8 @@ class Sampling(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (tools.py)
+    grammar: str | None = None  # extension (llama-server): GBNF the output follows
     # chat: logprobs true and top_logprobs n; completions: logprobs n (the target's log-probabilities)
     logprobs: Union[bool, int, None] = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -108,22 +116,12 @@ class Sampling(BaseModel):
             value = data.get(name, off)
             if value not in (off, None) and not (off == [] and value == []):
                 raise ValueError(f"{name}: {why}")
-        if data.get("tool_choice") not in (None, "none", "auto"):
-            raise ValueError("tool_choice: tool calls are not implemented; send the request without tools")
         return data
 
     @field_validator("seed")
     @classmethod
     def _random_seed(cls, v: int | None) -> int | None:
         return None if v is not None and v < 0 else v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError(f"'{v.get('type')}' is not implemented (structured output); send "
-                             "response_format {\"type\": \"text\"} or none")
-        return v
 
     @field_validator("n")
     @classmethod
@@ -150,10 +148,22 @@ class Sampling(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None  # accepted; a forced call is one call
 
 
 class CompletionRequest(Sampling):
     prompt: Union[str, list[str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tools(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in ("tools", "tool_choice"):
+                if data.get(name) not in (None, [], "none", "auto"):
+                    raise ValueError(f"{name}: tool calls are for /v1/chat/completions; send them there")
+        return data
 
     @field_validator("prompt")
     @classmethod
