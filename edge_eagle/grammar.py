@@ -29,13 +29,95 @@ if TYPE_CHECKING:
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
 
 
+MAX_DIGITS = 16  # the longest integer the grammar writes, as the port's unbounded integers
+
+
+def _same_length(a: str, b: str) -> list[str]:
+    """GBNF sequences for the decimal numbers from a to b, both of one length (a <= b)."""
+    if a == b:
+        return [" ".join(f'"{c}"' for c in a)]
+    if len(a) == 1:
+        return [f"[{a}-{b}]"]
+    if a[0] == b[0]:
+        return [f'"{a[0]}" {rest}' for rest in _same_length(a[1:], b[1:])]
+    n = len(a) - 1
+    out: list[str] = []
+    lo, hi = int(a[0]), int(b[0])
+    if a[1:] != "0" * n:
+        out += [f'"{a[0]}" {rest}' for rest in _same_length(a[1:], "9" * n)]
+        lo += 1
+    tail: list[str] = []
+    if b[1:] != "9" * n:
+        tail = [f'"{b[0]}" {rest}' for rest in _same_length("0" * n, b[1:])]
+        hi -= 1
+    if lo <= hi:
+        out.append(f"[{lo}-{hi}]" + " [0-9]" * n)
+    return out + tail
+
+
+def _naturals(lo: int, hi: int) -> list[str]:
+    """GBNF sequences for the integers lo..hi, 0 <= lo <= hi, without leading zeros."""
+    out = []
+    for length in range(len(str(lo)), len(str(hi)) + 1):
+        first = 0 if length == 1 else 10 ** (length - 1)
+        a, b = max(lo, first), min(hi, 10 ** length - 1)
+        if a <= b:
+            out += _same_length(str(a), str(b))
+    return out
+
+
+def int_range_rule(lo: int | None, hi: int | None) -> str:
+    """A GBNF alternative for the integers from lo to hi (None: unbounded, up to MAX_DIGITS digits)."""
+    top = 10 ** MAX_DIGITS - 1
+    lo = -top if lo is None else max(lo, -top)
+    hi = top if hi is None else min(hi, top)
+    if lo > hi:
+        raise EdgeEagleError(f"The schema's integer range is empty (from {lo} to {hi}); fix minimum or maximum.")
+    parts = []
+    if lo < 0:
+        parts += [f'"-" {p}' for p in _naturals(max(1, -hi), -lo)]
+    if hi >= 0:
+        parts += _naturals(max(0, lo), hi)
+    return " | ".join(f"({p})" for p in parts)
+
+
+def _converter():
+    """llama-cpp-python's SchemaConverter, with integer bounds (minimum, maximum and the
+    exclusive ones), which its port of llama.cpp's converter leaves out."""
+    import math
+
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class Converter(SchemaConverter):
+        def visit(self, schema, name):
+            bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+            if isinstance(schema, dict) and schema.get("type") == "integer" and any(b in schema for b in bounds):
+                lo = hi = None
+                if "minimum" in schema:
+                    lo = math.ceil(schema["minimum"])
+                if "exclusiveMinimum" in schema:
+                    lo = max(lo if lo is not None else -(10 ** MAX_DIGITS), math.floor(schema["exclusiveMinimum"]) + 1)
+                if "maximum" in schema:
+                    hi = math.floor(schema["maximum"])
+                if "exclusiveMaximum" in schema:
+                    hi = min(hi if hi is not None else 10 ** MAX_DIGITS, math.ceil(schema["exclusiveMaximum"]) - 1)
+                rule_name = name + "-" if name in ("root", "space") else name or "root"
+                return self._add_rule(rule_name, f"({int_range_rule(lo, hi)}) space")
+            return super().visit(schema, name)
+
+    return Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
 def json_schema_grammar(schema: Mapping[str, Any] | bool) -> str:
     """The GBNF grammar of a JSON schema (llama.cpp's json-schema-to-grammar, as llama-cpp-python
-    ports it); EdgeEagleError for a schema it cannot convert."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+    ports it, plus integer bounds); EdgeEagleError for a schema it cannot convert."""
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        converter = _converter()
+        resolved = converter.resolve_refs(json.loads(json.dumps(schema)), "input")
+        converter.visit(resolved, "")
+        return converter.format_grammar()
+    except EdgeEagleError:
+        raise
     except Exception as exc:  # the converter raises ValueError, KeyError, ... on schemas it lacks
         raise EdgeEagleError(f"The JSON schema cannot be turned into a grammar ({exc}); simplify the schema.") from None
 

@@ -41,6 +41,32 @@ def assert_same_steps(reference, peer_logits, feats, tokens) -> None:
     assert out["ok"] and out["relative_error"] <= 1e-5, out
 
 
+def specforge_drafter(target, aux_ids: list[int], seed: int, **flags: bool):
+    """A tiny drafter of SpecForge 0.2.0's own LlamaForCausalLMEagle3 class, its aux layer ids
+    (output-of-layer convention) under eagle_config, every weight random and the norms away from 1."""
+    sf = pytest.importorskip("specforge.modeling.draft.llama3_eagle", reason="specforge==0.2.0 is not installed")
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=1, vocab_size=target.vocab_size, rms_norm_eps=1e-5,
+                      max_position_embeddings=2048)
+    cfg.draft_vocab_size, cfg.target_hidden_size = 512, 64
+    for key, value in flags.items():
+        setattr(cfg, key, value)
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+    cfg.architectures = ["LlamaForCausalLMEagle3"]
+    torch.manual_seed(seed)
+    peer = sf.LlamaForCausalLMEagle3(cfg).eval()
+    with torch.no_grad():
+        for _, p in peer.named_parameters():
+            p.copy_((1.0 + 0.2 * torch.randn_like(p)) if p.dim() == 1 else 0.1 * torch.randn_like(p))
+        d2t = np.sort(np.random.default_rng(seed + 1).choice(target.vocab_size, 512, replace=False))
+        peer.d2t.copy_(torch.from_numpy(d2t - np.arange(512)))
+        peer.t2d.zero_()
+        peer.t2d[torch.from_numpy(d2t)] = True
+    return peer
+
+
 @pytest.mark.parametrize("eagle31", [True, False], ids=["eagle3.1", "eagle3"])
 def test_speculators_loads_what_edge_eagle_trains(eagle31, tiny_target, sequence, tmp_path):
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -138,25 +164,9 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
     3 chain steps, the head-only reading (SpecForge 0.2.0's meaning) matches at every step; the
     feedback reading (EAGLE-3.1, SpecForge after PR #879) agrees at the first step only, which is
     why an explicit norm_output is refused without --norm-output."""
-    sf = pytest.importorskip("specforge.modeling.draft.llama3_eagle", reason="specforge==0.2.0 is not installed")
-    from transformers import LlamaConfig
-
     target = read_gguf(tiny_target)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, num_hidden_layers=1, vocab_size=target.vocab_size, rms_norm_eps=1e-5,
-                      max_position_embeddings=2048)
-    cfg.draft_vocab_size, cfg.target_hidden_size, cfg.fc_norm, cfg.norm_output = 512, 64, True, True
-    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}  # SpecForge: outputs of layers 1, 3, 4
-    cfg.architectures = ["LlamaForCausalLMEagle3"]
-    torch.manual_seed(4)
-    peer = sf.LlamaForCausalLMEagle3(cfg).eval()
-    with torch.no_grad():
-        for _, p in peer.named_parameters():
-            p.copy_((1.0 + 0.2 * torch.randn_like(p)) if p.dim() == 1 else 0.1 * torch.randn_like(p))
-        d2t = np.sort(np.random.default_rng(5).choice(target.vocab_size, 512, replace=False))
-        peer.d2t.copy_(torch.from_numpy(d2t - np.arange(512)))
-        peer.t2d.zero_()
-        peer.t2d[torch.from_numpy(d2t)] = True
+    # SpecForge: outputs of layers 1, 3, 4
+    peer = specforge_drafter(target, [1, 3, 4], seed=4, fc_norm=True, norm_output=True)
     peer.save_pretrained(str(tmp_path / "sf"))
     feats, tokens = sequence
     theirs = specforge_step_logits(peer, feats, tokens)  # SpecForge's own TTT loop, 3 chain steps
@@ -189,3 +199,35 @@ def test_edge_eagle_reads_what_specforge_saves(reading, tiny_target, sequence, t
         wrong = reference_model(read.tensors, dataclasses.replace(read.config, norm_before_residual=True), read.target)
         bad = check_with_peer(tmp_path / "sf", "eagle3.1", wrong, tiny_target)
         assert bad["ran"] and not bad["ok"]
+
+
+@pytest.mark.parametrize("embedding", ["dropped", "saved"])
+def test_verify_passes_what_specforge_saves_with_explicit_aux_ids(embedding, tiny_target, tmp_path, capsys):
+    """SpecForge 0.2.0's own class and save_pretrained, explicit aux layer ids (not the default
+    capture) under eagle_config, EAGLE-3 (no norm_output, no fc_norm), its embedding frozen from the
+    target as SpecForge trains it. Saved as its trainer and SGLang export save it ("dropped": no
+    embed_tokens.weight; SpecForge's loaders fill it from the target) or whole ("saved"): edge-eagle's
+    reading matches SpecForge's own loop on the in-memory model, and convert --verify passes it."""
+    from edge_eagle.checks.peers import check_with_peer
+    from edge_eagle.cli import main
+
+    target = read_gguf(tiny_target)
+    peer = specforge_drafter(target, [0, 2, 5], seed=6)  # outputs of layers 0, 2, 5: layer inputs 1, 3, 6
+    with torch.no_grad():  # SpecForge's load_embedding + freeze_embedding
+        peer.embed_tokens.weight.copy_(torch.from_numpy(target.tensor_array("token_embd.weight")))
+    state = {k: v for k, v in peer.state_dict().items() if embedding == "saved" or "embed" not in k.lower()}
+    peer.save_pretrained(str(tmp_path / "sf"), state_dict=state)  # SpecForge's trainer-side/SGLang-export filter
+    read = read_drafter(tmp_path / "sf", tiny_target)
+    assert read.layout.name == "specforge" and read.config.target_layers == (1, 3, 6)
+    assert not read.config.has_embedding and not read.config.norm_output and not read.config.fc_norm
+    ref = reference_model(read.tensors, read.config, read.target)
+    feats, tokens = sequence_features(tiny_target, read.config.target_layers)
+    assert_same_steps(ref, specforge_step_logits(peer, feats, tokens), feats, tokens)  # the reading is right
+
+    code = main(["convert", str(tmp_path / "sf"), "--target", str(tiny_target), "--outtype", "f32", "--verify",
+                 "-o", str(tmp_path / "sf.gguf")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "SpecForge 0.2.0's own forward" in err and "reads this checkpoint differently" not in err
+    checked = check_with_peer(tmp_path / "sf", "specforge", ref, tiny_target)
+    assert checked["ran"] and checked["ok"] and checked["relative_error"] <= 1e-5, checked

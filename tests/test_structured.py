@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import jsonschema
 import numpy as np
 import pytest
 
 from edge_eagle import EdgeEagle, EdgeEagleError
-from edge_eagle.grammar import Grammar, json_schema_grammar
+from edge_eagle.grammar import Grammar, int_range_rule, json_schema_grammar
 from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
 from edge_eagle.tools import HERMES, LLAMA3, ToolStream, parse_calls, template_style
@@ -25,9 +26,9 @@ from tests.tiny_models import write_tiny_target
 # bounded, so a random tiny model finishes it: enums, booleans, short strings, short arrays
 SCHEMA = {"type": "object", "properties": {
     "color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"},
-    "name": {"type": "string", "maxLength": 8},
+    "name": {"type": "string", "maxLength": 8}, "count": {"type": "integer", "minimum": -3, "maximum": 250},
     "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
-    "required": ["color", "ok", "name", "tags"], "additionalProperties": False}
+    "required": ["color", "ok", "name", "count", "tags"], "additionalProperties": False}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
 MESSAGES = [{"role": "user", "content": "Describe a thing as JSON."}]
 TOOLS = [
@@ -105,6 +106,21 @@ def test_json_object_gives_an_object_and_create_completion_takes_a_llama_grammar
     grammar = LlamaGrammar.from_string('root ::= ("yes" | "no") "."')
     out = engine.create_completion("Is the sea blue?", grammar=grammar, max_tokens=8, temperature=0)
     assert out["choices"][0]["text"] in ("yes.", "no.")
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 99), (5, 123), (-17, 42), (-300, -12), (7, 7), (-5, None), (None, 7),
+                                   (997, 1003)])
+def test_integer_bounds_become_exact_grammar_ranges(lo, hi):
+    # the alternatives are plain digit sequences and classes: as a regex they must match
+    # exactly the integers in range, written without leading zeros
+    rule = int_range_rule(lo, hi).replace('"-"', "-")
+    regex = re.compile("^(" + re.sub(r'"(\d)"', r"\1", rule).replace(" ", "") + ")$")
+    low, high = (-2000 if lo is None else lo), (20000 if hi is None else hi)
+    for v in range(low - 60, high + 60):
+        assert bool(regex.match(str(v))) == ((lo is None or v >= lo) and (hi is None or v <= hi)), v
+    assert not regex.match("007") and not regex.match("-0")
+    with pytest.raises(EdgeEagleError, match="range is empty"):
+        json_schema_grammar({"type": "integer", "minimum": 5, "maximum": 4})
 
 
 def test_a_draft_the_grammar_forbids_is_never_accepted(engine):

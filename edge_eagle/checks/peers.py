@@ -130,6 +130,27 @@ def compare_steps(reference: Any, peer_logits: list, feats, tokens) -> dict[str,
             "relative_error": max(rel), "ok": max(rel) <= TOLERANCE and min(agree) == 1.0}
 
 
+def _specforge_fill_embedding(peer: Any, missing: set[str], target_path: str | os.PathLike[str]) -> None:
+    """What SpecForge runs for a checkpoint without embed_tokens.weight: its trainer's checkpoints and
+    its SGLang export drop the frozen embedding, and its loaders (AutoDraftModel.from_pretrained hides
+    the "newly initialized" warning) fill it from the target with load_embedding. from_pretrained
+    alone leaves a random table there. Any other missing weight: SpecForge cannot run it either."""
+    import torch
+
+    from ..gguf_file import read_gguf
+
+    if missing - {"embed_tokens.weight"}:
+        raise ValueError(f"missing draft weights {sorted(missing - {'embed_tokens.weight'})}")
+    if "embed_tokens.weight" not in missing:
+        return
+    embed = torch.from_numpy(read_gguf(target_path).tensor_array("token_embd.weight").astype("float32"))
+    if tuple(embed.shape) != tuple(peer.embed_tokens.weight.shape):
+        raise ValueError(f"no embed_tokens.weight, and the target's token embedding {list(embed.shape)} does not "
+                         f"fit its {list(peer.embed_tokens.weight.shape)}")
+    with torch.no_grad():
+        peer.embed_tokens.weight.copy_(embed)
+
+
 def check_with_peer(src_dir: str | os.PathLike[str], layout: str, reference: Any,
                     target_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Run the source library's forward on the checkpoint and compare; None if no peer is importable."""
@@ -154,11 +175,12 @@ def check_with_peer(src_dir: str | os.PathLike[str], layout: str, reference: Any
         else:
             from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
 
-            loaded = LlamaForCausalLMEagle3.from_pretrained(os.fspath(src_dir))
+            loaded, info = LlamaForCausalLMEagle3.from_pretrained(os.fspath(src_dir), output_loading_info=True)
             # its RoPE tables are non-persistent buffers that from_pretrained (transformers 5, meta-device
             # init) leaves uninitialised: build the class afresh and load the saved weights into it
             peer = LlamaForCausalLMEagle3(loaded.config)
             peer.load_state_dict(loaded.state_dict())
+            _specforge_fill_embedding(peer, set(info.get("missing_keys") or ()), target_path)
             peer, run = peer.eval(), specforge_step_logits
     except Exception as e:  # noqa: BLE001 - a checkpoint the library cannot load is no misread of ours
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
