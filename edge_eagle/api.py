@@ -35,10 +35,12 @@ from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
+from .suffix import SuffixIndex
 from .target import Target
 from .threads import LoadMeter, ThreadDecision, ThreadGovernor, decide, usable_cores
 
 AUTO_TREE_SIZES = (4, 8, 15)  # tree node budgets that k="auto" weighs against chains
+LOOKUP_NODES, LOOKUP_PATHS = 12, 4  # the largest suffix-lookup tree k="auto" weighs
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 
 
@@ -68,8 +70,9 @@ class Generation:
 
     def __init__(self, engine: "EdgeEagle", prompt: list[int], *, max_tokens: int, k: int | str, stop: Sequence[str],
                  sampling: SamplingParams, speculative: bool, p_min: float, tree: int | None = None,
-                 logprobs: int | None = None, grammar: Grammar | None = None):
+                 logprobs: int | None = None, grammar: Grammar | None = None, history: bool = True):
         self._engine, self._prompt = engine, prompt
+        self._history = history
         self._grammar = grammar
         self._logprobs = logprobs
         self._max_tokens, self._k, self._stop = max_tokens, k, [s for s in stop if s]
@@ -148,6 +151,7 @@ class Generation:
                 eng.last_stats = self.stats
                 if self._grammar is not None:
                     self._grammar.close()
+                eng.suffix.finish(self._prompt + self.tokens, keep=self._history)
 
     def _token_logprobs(self, rows: "collections.deque[np.ndarray]", tok: int
                         ) -> tuple[float | None, tuple[tuple[int, float], ...] | None]:
@@ -271,8 +275,11 @@ class EdgeEagle(LlamaCompat):
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
                  None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
-                 repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS):
+                 repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS,
+                 history: bool = True, history_tokens: int = 200_000):
         k = _check_k(k)
+        #: suffix drafts' index: this engine's current request and, with history, earlier ones
+        self.suffix = SuffixIndex(max_tokens=history_tokens, history=history)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
         meter = None if n_threads else LoadMeter()  # other programs' load, measured while the models load
@@ -338,7 +345,7 @@ class EdgeEagle(LlamaCompat):
                  add_special: bool = True, tree: int | None = None, logprobs: int | None = None,
                  logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, penalty_last_n: int = 64,
-                 grammar: str | None = None) -> Generation:
+                 grammar: str | None = None, history: bool = True) -> Generation:
         """Stream a completion of `prompt` (text, or token ids). tree: a node budget (draft
         trees instead of chains; None: the engine's setting; 0: chains). logprobs: each Token
         carries its log-probability under the target and the `logprobs` most probable tokens'
@@ -348,7 +355,9 @@ class EdgeEagle(LlamaCompat):
         repeat_penalty: llama.cpp's penalties over the last penalty_last_n tokens (the prompt
         included), each verified row judged with the drafts before it, so these stay lossless too.
         grammar: a llama.cpp GBNF grammar the output follows (grammar.py; json_schema_grammar()
-        makes one from a JSON schema), applied to each verified row along its drafted path."""
+        makes one from a JSON schema), applied to each verified row along its drafted path.
+        history=False: this request's text is not added to the engine's cross-request history
+        (suffix drafts may still use the history already there)."""
         tokens = self.target.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise EdgeEagleError("The prompt is empty; give some text to continue.")
@@ -374,7 +383,7 @@ class EdgeEagle(LlamaCompat):
                                                   grammar or None),
                           speculative=speculative,
                           p_min=self.p_min if p_min is None else p_min, tree=tree, logprobs=logprobs,
-                          grammar=constraint)
+                          grammar=constraint, history=history)
 
     def policy(self, k: int | str, tree: int | None = None) -> DraftPolicy:
         """The draft policy: FixedTree(tree) when a tree budget is given, else Fixed(k), or the
@@ -389,8 +398,10 @@ class EdgeEagle(LlamaCompat):
             costs = self.costs if self.costs is not None else self.calibrate()
             trees = self.drafter is not None and self.drafter.supports_trees
             sizes = tuple(n for n in AUTO_TREE_SIZES if n <= self.target.tree_paths) if trees else ()
-            self.controller = KController(k_max=self.k_max, costs=costs, lookup=NgramDrafter(),
-                                          lookup_max=self.k_max, tree_sizes=sizes)
+            paths = min(LOOKUP_PATHS, self.target.tree_paths)
+            self.controller = KController(k_max=self.k_max, costs=costs, lookup=self.suffix, lookup_max=self.k_max,
+                                          lookup_nodes=LOOKUP_NODES if paths else self.k_max,
+                                          lookup_paths=max(1, paths), tree_sizes=sizes)
         return self.controller
 
     # --- threads and batch costs -----------------------------------------------------------
@@ -511,6 +522,11 @@ class EdgeEagle(LlamaCompat):
         gen = self.generate(ids, **kwargs)  # already tokenized: generate() need not do it again
         gen.dropped_messages = dropped
         return gen
+
+    def reset_history(self) -> None:
+        """Forget the earlier requests' text that suffix drafts draw on (it lives in memory only)."""
+        with self._acquire():
+            self.suffix.reset()
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             tools: Sequence[Mapping[str, Any]] | None = None) -> str:

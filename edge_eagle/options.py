@@ -66,6 +66,12 @@ class EngineOptions:
         "--tree", "draft a tree of N nodes per cycle (EAGLE-2 style, verified in one batch) instead of a chain of "
         "--k; EAGLE drafters only", tree_arg, metavar="N"))
     p_min: float = field(default=0.0, metadata=flag("--p-min", "stop drafting below this drafter confidence", float))
+    history: bool = field(default=True, metadata=flag(
+        "--no-history", "keep no cross-request history for suffix drafts (on a shared server, timing can reveal "
+        "whether a request repeats another's text)", None, action="store_false"))
+    history_tokens: int = field(default=200_000, metadata=flag(
+        "--history-tokens", "the most tokens of earlier requests the suffix index keeps in memory (default "
+        "%(default)s; oldest requests go first)", int))
     capture: str = "auto"  # how the target's features are captured: auto, layer_inp or callback
     k_max: int = 8  # the longest chain k="auto" may choose
     tree_paths: int = TREE_PATHS  # the most root-to-leaf paths a verified tree may have (0: no trees)
@@ -88,7 +94,7 @@ class EngineOptions:
             kw: dict[str, Any] = {"dest": f.name, "default": defaults.get(f.name, f.default), **meta}
             if type_ is not None:
                 kw["type"] = type_
-            if "choices" not in kw:
+            if "choices" not in kw and kw.get("action") not in ("store_true", "store_false"):
                 kw.setdefault("metavar", name.lstrip("-").replace("-", "_").upper())
             parser.add_argument(name, **kw)
 

@@ -92,8 +92,9 @@ def test_a_seeded_call_gives_the_same_text_whatever_k(pair):
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(typical_p=0.5), "typical_p"),
     (dict(grammar=object()), "grammar"),
-    (dict(tools=[{"type": "function"}]), "tools"),
-    (dict(response_format={"type": "json_object"}), "structured output"),
+    (dict(tools=[{"type": "function"}]), "Each tool"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "no tool support"),  # SmolLM2's template
+    (dict(response_format={"type": "xml"}), "response_format"),
     (dict(mirostat_mode=2), "mirostat"),
     (dict(top_logprobs=2), "top_logprobs"),
 ])

@@ -135,8 +135,14 @@ def test_relative_costs_extrapolate_from_the_largest_smaller_size_and_never_fall
     assert relative_costs({}, 4)[1:] == [1.0, 2.0, 3.0, 4.0]  # no 1-token time: compute-bound
 
 
-def test_one_pass_lookup_choice_equals_its_definition():
+def test_suffix_tree_choice_equals_its_definition():
+    """On a chain the choice is the best lookup length by speedup; on a tree, the best prefix of
+    the nodes sorted by their modelled probability, by expected tokens over c(m + 1)."""
+    import itertools
     import random
+
+    from edge_eagle.proposal import Proposal
+    from edge_eagle.suffix import SuffixDraft
 
     rng = random.Random(3)
     for _ in range(50):
@@ -145,9 +151,21 @@ def test_one_pass_lookup_choice_equals_its_definition():
         for _ in range(4):
             c._lookup_model(rng.choice([1, 3, 8])).observe(rng.randint(1, 8), rng.randint(0, 4))
         for n in (1, 3, 9):
-            m, s = c._best_lookup(n, 8)
-            assert s == max(c.lookup_speedup(n, i) for i in range(1, 9))
-            assert c.lookup_speedup(n, m) == s
+            chain = SuffixDraft(n, Proposal.chain(list(range(8))), (1.0,) * 8)
+            sub, s, m = c._best_suffix(chain)
+            assert s == pytest.approx(max(c.lookup_speedup(n, i) for i in range(1, 9)))
+            assert c.lookup_speedup(n, m) == pytest.approx(s) and sub.tokens == tuple(range(m))
+        # a fork at the root: 0 -> 1 -> 2 (shares 0.75, 1, 1) and 3 -> 4 (0.25, 1)
+        tree = SuffixDraft(4, Proposal((10, 11, 12, 13, 14), (-1, 0, 1, -1, 3)), (0.75, 1.0, 1.0, 0.25, 1.0))
+        sub, s, m = c._best_suffix(tree)
+        r = c._lookup_model(4).rate
+        prob = {0: r(0), 1: r(0) * r(1), 2: r(0) * r(1) * r(2), 3: r(0) / 3, 4: r(0) / 3 * r(1)}
+        best = 0.0
+        for size in range(1, 6):  # every closed node set of each size: the best ratio
+            for nodes in itertools.combinations(range(5), size):
+                if all(p < 0 or p in nodes for p in (tree.proposal.parents[i] for i in nodes)):
+                    best = max(best, (1 + sum(prob[i] for i in nodes)) / c.costs.c(size + 1))
+        assert s == pytest.approx(best) and len(sub) == m
 
 
 def _simulate(ctl: KController, cycles: int, true_cost, accept_rate: float, seed: int = 0) -> list[tuple[str, int]]:

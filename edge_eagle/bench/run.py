@@ -60,6 +60,8 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
             tokens, text = bench.prompt_tokens(prompts[0])
             for r in runners:
                 r.run(tokens, text, min(16, opts.max_tokens))
+        for eng in bench.engines:  # the warm-up's answers must not be drafted from
+            eng.reset_history()
         results: dict[str, list[RunResult]] = {r.name: [] for r in runners}
         prompt_ids: list[list[int]] = []
         for i, p in enumerate(prompts):

@@ -63,8 +63,11 @@ class EngineRunner(Runner):
     on an EdgeEagle engine."""
 
     def __init__(self, engine, k: int | str | None, drafter: str | None = None, label: str | None = None,
-                 tree: int | None = None):
+                 tree: int | None = None, history: bool = False):
         self.engine, self.k, self.drafter, self.tree = engine, k, drafter, tree
+        # history: this runner's answers join the engine's cross-request history (auto's, which
+        # drafts from it); the others add nothing, so no runner sees another's answer to a prompt
+        self.history = history
         if k is None and tree is None:
             self.name, self.kind = "plain", "plain"
         else:
@@ -76,7 +79,8 @@ class EngineRunner(Runner):
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
         speculative = self.k is not None or self.tree is not None
         gen = self.engine.generate(list(tokens), max_tokens=n, speculative=speculative,
-                                   k=self.k if self.k is not None else 0, tree=self.tree or 0).result()
+                                   k=self.k if self.k is not None else 0, tree=self.tree or 0,
+                                   history=self.history).result()
         s = gen.stats
         return RunResult(text=gen.text, tokens=list(gen.tokens), generated=s.generated, seconds=s.t_total,
                          stats=s, timed=True)
@@ -204,10 +208,13 @@ class UpstreamRunner(Runner):
                              else f"draft-model k={k}")
         self.prompt_echo = prompt_echo  # tokens -> the text upstream prints for the prompt
 
+    def spec_args(self) -> list[str]:
+        return ["-md", str(self.drafter), "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.k),
+                "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+
     def command(self, prompt_file: str, n: int) -> list[str]:
-        return [str(self.binary), "-m", self.target, "-md", str(self.drafter), "--spec-type", self.spec_type,
-                "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-                "-f", prompt_file, "-n", str(n), "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
+        return [str(self.binary), "-m", self.target, *self.spec_args(), "-f", prompt_file, "-n", str(n),
+                "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
                 "--seed", "0", "-lv", "4"] + (
                 [] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
@@ -242,6 +249,34 @@ class UpstreamRunner(Runner):
             text = out[len(echo):] if out.startswith(echo) else out
         text = text[:-2] if text.endswith("\n\n") else text
         return RunResult(text=text, tokens=None, generated=generated, seconds=seconds, stats=stats, peak_rss=rss)
+
+
+#: llama.cpp's n-gram speculators that bench runs: (spec type, label, extra flags). Their defaults
+#: (drafts of 48-64 tokens after 12-24-token matches) suit a GPU; the CPU settings draft at most
+#: 8 tokens after shorter matches, as a batch of 9 already costs ~4.5 single steps on a 2-core CPU.
+NGRAM_RUNNERS: tuple[tuple[str, str, list[str]], ...] = (
+    ("ngram-mod", "defaults", []),
+    ("ngram-map-k", "defaults", []),
+    ("ngram-mod", "cpu", ["--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-min", "2",
+                          "--spec-ngram-mod-n-max", "8"]),
+    ("ngram-map-k", "cpu", ["--spec-ngram-map-k-size-n", "4", "--spec-ngram-map-k-size-m", "8"]),
+)
+
+
+class NgramRunner(UpstreamRunner):
+    """llama.cpp's own n-gram speculators in its C++ loop (llama-speculative-simple with
+    `--spec-type ngram-*`, no draft model). The binary has no plain mode, so its speed is compared
+    with edge-eagle's plain decoding: the same llama.cpp, the same threads."""
+
+    def __init__(self, binary: Path, target: str, spec_type: str, label: str, flags: Sequence[str], n_ctx: int,
+                 n_threads: int | None, prompt_echo=None, n_gpu_layers: int = 0, repack: str | None = None):
+        super().__init__(binary, target, "", 0, n_ctx, n_threads, spec_type=spec_type,
+                         name=f"llama.cpp {spec_type} [{label}]", prompt_echo=prompt_echo, n_gpu_layers=n_gpu_layers,
+                         repack=repack)
+        self.kind, self.drafter, self.flags = "ngram", None, list(flags)
+
+    def spec_args(self) -> list[str]:
+        return ["--spec-type", self.spec_type, *self.flags]
 
 
 # Peak RSS of a child: ru_maxrss survives fork and exec, so a child of this (large) process

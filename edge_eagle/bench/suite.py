@@ -7,7 +7,15 @@ from pathlib import Path
 from ..errors import EdgeEagleError
 from .options import BenchOptions, label
 from .prompts import BenchPrompt
-from .runners import EngineRunner, PromptLookupRunner, Runner, UpstreamRunner, upstream_binary
+from .runners import (
+    NGRAM_RUNNERS,
+    EngineRunner,
+    NgramRunner,
+    PromptLookupRunner,
+    Runner,
+    UpstreamRunner,
+    upstream_binary,
+)
 
 
 class Bench:
@@ -21,6 +29,7 @@ class Bench:
         self.target_path = str(opts.target or defaults.default_target())
         self.drafter_paths = [self._drafter_path(d) for d in opts.drafters if d != "none"]
         self.engines: list[EdgeEagle] = []
+        self._first_answers: dict[str, str] = {}
         self.runners: list[Runner] = []
         self.skipped: list[dict[str, str]] = []
         try:
@@ -44,13 +53,18 @@ class Bench:
     def _build(self) -> None:
         self._engine_runners()
         binary = None
-        if self.opts.upstream or self.opts.draft_model:
+        if self.opts.upstream or self.opts.draft_model or self.opts.ngram:
             binary = upstream_binary(build=self.opts.build_upstream)
             if binary is None:
                 self.skipped.append({"runner": "llama.cpp (C++ loop)", "why": "llama-speculative-simple is not "
                                      "built; run scripts/build_upstream.sh or pass --build-upstream"})
         if binary is not None and self.opts.upstream:
             self._upstream_runners(binary)
+        if binary is not None and self.opts.ngram:
+            for spec_type, name, flags in NGRAM_RUNNERS:
+                self.runners.append(NgramRunner(binary, self.target_path, spec_type, name, flags, self.opts.n_ctx,
+                                                self.opts.threads, prompt_echo=self._echo,
+                                                n_gpu_layers=self.opts.n_gpu_layers, repack=self.opts.repack))
         if self.opts.prompt_lookup_k:
             target = self.engines[0].target
             eos = {t for t in range(target.n_vocab) if target.is_eog(t)} if target.n_vocab < 300_000 else {target.eos}
@@ -79,7 +93,8 @@ class Bench:
                 self.runners.append(EngineRunner(eng, None))
             shapes: list[int | str] = [*o.ks, *(["auto"] if o.auto else [])]
             for k in shapes:
-                self.runners.append(EngineRunner(eng, k, dpath, label=label(dpath) if many else None))
+                self.runners.append(EngineRunner(eng, k, dpath, label=label(dpath) if many else None,
+                                                 history=k == "auto"))
             for n in o.trees:
                 self.runners.append(EngineRunner(eng, None, dpath, label=label(dpath) if many else None, tree=n))
 
@@ -109,10 +124,36 @@ class Bench:
                                                name=f"draft-model k={o.draft_model_k}", prompt_echo=self._echo,
                                                n_gpu_layers=o.n_gpu_layers, repack=o.repack))
 
+    def messages(self, p: BenchPrompt) -> list[dict[str, str]]:
+        """The conversation a prompt asks for: one user turn, a recorded session, or a second turn
+        after the target's own (plain, greedy) answer to the first."""
+        if p.messages:
+            return [dict(m) for m in p.messages]
+        if len(p.turns) > 1:
+            first = self._first_answers.get(p.id)
+            if first is None:
+                eng = self.engines[0]
+                ask = [{"role": "user", "content": p.turns[0]}]
+                first = eng.chat(ask, max_tokens=self.opts.max_tokens, speculative=False, history=False).result().text
+                self._first_answers[p.id] = first
+            return [{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": first},
+                    {"role": "user", "content": p.turns[1]}]
+        return [{"role": "user", "content": p.text}]
+
     def prompt_tokens(self, p: BenchPrompt) -> tuple[list[int], str]:
-        """The chat-formatted prompt, tokenized as llama.cpp's tools do (special tokens parsed)."""
+        """The chat-formatted prompt, tokenized as llama.cpp's tools do (special tokens parsed). A
+        conversation too long for the window loses its oldest messages (the last one stays)."""
         eng = self.engines[0]
-        text = eng.apply_chat_template([{"role": "user", "content": p.text}]) if eng.target.chat_template else p.text
+        if not eng.target.chat_template:
+            text = p.text
+        else:
+            msgs = self.messages(p)
+            while True:
+                text = eng.apply_chat_template(msgs)
+                n = len(eng.target.tokenize(text, add_special=True, parse_special=True))
+                if n + self.opts.max_tokens + 16 <= self.opts.n_ctx or len(msgs) <= 1:
+                    break
+                msgs = msgs[1:]
         tokens = eng.target.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) + self.opts.max_tokens + 16 > self.opts.n_ctx:
             tokens = tokens[-(self.opts.n_ctx - self.opts.max_tokens - 16):]

@@ -29,6 +29,21 @@ def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
     return [(int(t), float(logits[t]) - lse) for t in top]
 
 
+def depth_first(nodes: list[int], parent: list[int], score: list[float]) -> list[int]:
+    """`nodes` (closed under parents) in depth-first order, each node's children by descending
+    score (ties by index), so the path of best children comes first."""
+    kids: dict[int, list[int]] = {}
+    for i in sorted(nodes, key=lambda i: (-score[i], i)):
+        kids.setdefault(parent[i], []).append(i)
+    out: list[int] = []
+    stack = list(reversed(kids.get(-1, [])))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(kids.get(node, [])))
+    return out
+
+
 class TreeDrafter:
     """Grows draft trees from a drafter's last decoded row. Sequences 1..branch_max of the
     drafter's context hold the expanded nodes of one depth; carry() is the state fed from a
@@ -45,12 +60,13 @@ class TreeDrafter:
         children; then the n_nodes best nodes overall are kept (an ancestor never scores below its
         descendants, so the kept set is a tree). Expansion stops early once no frontier node can
         enter the best n_nodes. Each node's draft is what a chain along its path would draft.
-        Nodes come in breadth-first order, siblings by descending score; drafts are deterministic
-        (the verifier treats each as a point mass, which keeps sampling lossless)."""
+        Nodes come in depth-first order, siblings by descending score, so the likeliest path is
+        the first nodes of the batch: when it is accepted its KV cells lie in position order, as
+        plain decoding leaves them. Drafts are deterministic (the verifier treats each as a point
+        mass, which keeps sampling lossless)."""
         node_tok: list[int] = []
         node_par: list[int] = []
         node_score: list[float] = []
-        node_depth: list[int] = []
         frontier: Frontier = [(-1, logits, h, 0)]
         for d in range(1, depth + 1):
             new: list[int] = []
@@ -61,7 +77,6 @@ class TreeDrafter:
                     node_tok.append(t)
                     node_par.append(node)
                     node_score.append(base + lp)
-                    node_depth.append(d)
             if d == depth:
                 break
             scores = np.asarray(node_score)
@@ -74,7 +89,7 @@ class TreeDrafter:
         keep = sorted(range(len(node_tok)), key=lambda i: (-node_score[i], i))[:n_nodes]
         kept = set(keep)
         keep = [i for i in keep if node_par[i] < 0 or node_par[i] in kept]  # closure, against ties
-        order = sorted(keep, key=lambda i: (node_depth[i], -node_score[i], i))
+        order = depth_first(keep, node_par, node_score)
         index = {old: new for new, old in enumerate(order)}
         return Proposal(tuple(node_tok[i] for i in order),
                         tuple(index[node_par[i]] if node_par[i] >= 0 else -1 for i in order))

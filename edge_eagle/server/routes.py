@@ -1,4 +1,5 @@
-"""The endpoints: /health, /metrics, /v1/models, /v1/chat/completions and /v1/completions.
+"""The endpoints: /health, /metrics, /v1/models, /v1/chat/completions, /v1/completions and
+/history/reset.
 
 Each route gets its app's ServerState from the get_state dependency. Tokenizing and rendering
 the chat template run in a thread, off the event loop; they only read the vocabulary, so they
@@ -57,6 +58,15 @@ async def model(model_id: str, state: ServerState = Depends(get_state)) -> dict[
     target = state.engine.target
     return responses.model_list(state.model_id, int(os.path.getmtime(target.path)), state.drafter_name,
                                 state.options.k, target.n_ctx)["data"][0]
+
+
+@router.post("/history/reset")
+async def reset_history(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """Forget the earlier requests' text that suffix drafts draw on (kept in memory only); it
+    waits for the running generation, like any request."""
+    await run_in_threadpool(state.engine.reset_history)
+    state.metrics.requests.labels("/history/reset", "200").inc()
+    return {"status": "ok", "history": state.engine.suffix.stats()}
 
 
 @router.post("/v1/chat/completions")

@@ -1,0 +1,194 @@
+"""Suffix speculation: the index over the current request and earlier ones, its draft trees, its
+memory cap and eviction, the history kept per engine, and lossless output with suffix drafts
+as chains and trees."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from edge_eagle import EdgeEagle
+from edge_eagle.policy import LOOKUP, DraftPolicy, Plan
+from edge_eagle.proposal import Proposal
+from edge_eagle.sampling import Sampler, SamplingParams
+from edge_eagle.suffix import SuffixIndex
+from edge_eagle.verify import verify_tree
+from tests.test_lossless import PROMPTS, assert_lossless
+from tests.test_tree import SIGNIFICANCE, _chi2_pvalue
+
+
+def test_a_lookup_finds_what_followed_in_earlier_requests_as_a_tree():
+    ix = SuffixIndex()
+    ix.finish([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    ix.finish([1, 2, 3, 4, 5, 6, 7, 50, 51])
+    ix.finish([30, 4, 5, 6, 7, 8, 9, 11])
+    d = ix.lookup([20, 21, 4, 5, 6, 7], depth=4, max_nodes=10, max_paths=4)
+    assert d.n == 4
+    # 8 followed twice (weights 4 + 4), 50 once: the first-choice path first, depth-first
+    assert d.first_path == [8, 9, 10] or d.first_path[:2] == [8, 9]
+    tokens, parents = d.proposal.tokens, d.proposal.parents
+    assert all(p < i for i, p in enumerate(parents))
+    assert set(tokens) >= {8, 9, 50, 51} and parents[tokens.index(50)] == -1
+    root_shares = [s for s, p in zip(d.shares, parents) if p < 0]
+    assert sum(root_shares) == pytest.approx(1.0) and d.shares[0] == max(root_shares)
+    chain = ix.lookup([20, 21, 4, 5, 6, 7], depth=4, max_nodes=10, max_paths=1)
+    assert chain.proposal.is_chain and list(chain.proposal.tokens) == d.first_path
+    assert ix.lookup([99, 98], depth=4, max_nodes=4).n == 0
+
+
+def test_the_live_text_copies_itself_and_loops():
+    ix = SuffixIndex(history=False)
+    d = ix.lookup([5, 6, 7, 1, 2, 5, 6, 7], depth=5, max_nodes=5)
+    assert d.n == 3 and list(d.proposal.tokens) == [1, 2, 5, 6, 7]
+    d = ix.lookup([9, 9, 9, 9], depth=3, max_nodes=3)
+    assert list(d.proposal.tokens) == [9, 9, 9]
+
+
+def test_memory_stays_under_the_cap_and_proposals_after_eviction_are_valid():
+    rng = random.Random(0)
+    cap = 5_000
+    ix = SuffixIndex(max_tokens=cap)
+    texts = []
+    peak_keys = 0
+    for i in range(300):
+        text = [rng.randrange(400) for _ in range(rng.randint(20, 120))]
+        texts.append(text)
+        ix.finish(text)
+        st = ix.stats()
+        assert st["history_tokens"] <= cap
+        peak_keys = max(peak_keys, st["keys"])
+        if i % 25 == 0:  # every proposal continues a text the history still holds
+            kept = texts[-st["texts"]:]
+            ctx = [*rng.choice(kept)[:10]]
+            d = ix.lookup(ctx, depth=4, max_nodes=8, max_paths=4)
+            ix.finish(ctx, keep=False)
+            for leaf_path in _paths(d.proposal):  # what followed the context's last token somewhere
+                assert any(_contains(t, ctx[-1:] + leaf_path) for t in kept + [ctx * 3]), (ctx, leaf_path)
+    # the index holds what the kept texts need (6 n-grams per token at most), no stale entries
+    assert ix.stats()["entries"] <= 6 * cap and peak_keys <= 6 * (cap + 120)
+    ix.reset()
+    assert ix.stats()["keys"] == 0 and ix.stats()["history_tokens"] == 0
+
+
+def _paths(p: Proposal) -> list[list[int]]:
+    leaves = [i for i in range(len(p)) if i not in set(p.parents)]
+    out = []
+    for leaf in leaves:
+        path, i = [], leaf
+        while i >= 0:
+            path.insert(0, p.tokens[i])
+            i = p.parents[i]
+        out.append(path)
+    return out
+
+
+def _contains(text: list[int], seq: list[int]) -> bool:
+    n = len(seq)
+    return any(text[i:i + n] == seq for i in range(len(text) - n + 1))
+
+
+def test_history_is_per_engine_and_can_be_off_or_reset(tiny_target):
+    text = "The quick brown fox jumps over the lazy dog and runs into the forest."
+    with EdgeEagle(tiny_target, "ngram", n_ctx=256) as a, EdgeEagle(tiny_target, "ngram", n_ctx=256) as b, \
+            EdgeEagle(tiny_target, "ngram", n_ctx=256, history=False) as off:
+        ids = a.target.tokenize(text)
+        for ee in (a, off):
+            ee.generate(ids, max_tokens=4, speculative=False).result()
+        probe = [7, 7] + ids[3:8]
+        assert a.suffix.lookup(probe, 4, 4).n >= 4  # a request's text is in its engine's history
+        a.suffix.finish(probe, keep=False)
+        for other in (b, off):  # nothing crosses to another engine; history=False keeps none
+            assert other.suffix.lookup(probe, 4, 4).n < 4
+            other.suffix.finish(probe, keep=False)
+        a.generate(ids, max_tokens=4, speculative=False, history=False).result()
+        assert a.suffix.stats()["texts"] == 1  # history=False on a request: not added
+        a.reset_history()
+        assert a.suffix.lookup(probe, 4, 4).n < 4
+
+
+class _SuffixOnly(DraftPolicy):
+    """Every cycle a suffix lookup (tree or chain) from the engine's index."""
+
+    idle_window = None
+
+    def __init__(self, index: SuffixIndex, paths: int):
+        self.index, self.paths = index, paths
+
+    def plan(self, tokens):
+        d = self.index.lookup(tokens, 6, 10, self.paths)
+        return Plan(LOOKUP, len(d.proposal), d.proposal) if len(d.proposal) else Plan()
+
+    def update(self, *args):
+        pass
+
+    def features_needed_soon(self):
+        return True
+
+
+@pytest.mark.parametrize("paths", [1, 4])
+def test_greedy_output_with_suffix_drafts_equals_plain_decoding(tiny_target, tiny_drafters, paths):
+    from edge_eagle.speculative import speculate
+    from edge_eagle.stats import SpecStats
+
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], n_ctx=512) as ee:
+        for prompt in PROMPTS:
+            toks = ee.target.tokenize(prompt)
+            plain = ee.generate(toks, max_tokens=48, speculative=False).result().tokens
+            # history: this answer and a variant that forks from it, so trees branch
+            fork = plain[:10] + [t + 1 for t in plain[10:20]]
+            ee.suffix.finish(toks + fork)
+            stats, out = SpecStats(), []
+            for new, _ in speculate(ee.target, ee.drafter, toks, max_tokens=48, policy=_SuffixOnly(ee.suffix, paths),
+                                    sampler=Sampler(SamplingParams()), stats=stats):
+                out += new
+            ee.suffix.finish(toks + out, keep=False)
+            assert_lossless(ee.target, toks, plain, out)
+            assert stats.accepted > 0 and stats.proposers.get("lookup", 0) > 0
+
+
+def test_auto_drafts_from_an_earlier_requests_answer(tiny_target, tiny_drafters):
+    """The second request for the same text: auto drafts the first answer from the history."""
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto", n_threads=2, n_ctx=512) as ee:
+        prompt = PROMPTS[1]
+        first = ee.generate(prompt, max_tokens=64, speculative=False).result().tokens
+        ctl = ee.auto_controller()
+        ctl.costs.verify_s = {n: 0.001 * (1 + 0.5 * (n - 1)) for n in range(1, 17)}
+        ctl.costs.observe_verify = lambda n, s: None
+        ctl._observe_cost = lambda predicted, seconds: None
+        gen = ee.generate(prompt, max_tokens=64).result()
+        assert gen.tokens == first
+        assert gen.stats.proposers.get("lookup", 0) > 0 and gen.stats.tau > 2.0
+
+
+def test_sampled_suffix_trees_draw_exactly_from_the_target():
+    """A suffix-shaped tree (depth-first, the first-choice path first, forks at two depths),
+    verified by rejection over siblings: the first two tokens follow p(x1) p(x2 | x1)."""
+    ix = SuffixIndex()
+    for text in ([9, 0, 3, 5], [9, 0, 4], [9, 1, 3], [9, 2, 0]):
+        ix.finish(text)
+    d = ix.lookup([9], depth=2, max_nodes=8, max_paths=8)
+    proposal = d.proposal
+    assert not proposal.is_chain and proposal.tokens[0] == 0
+    rng = np.random.default_rng(1)
+    vocab = 6
+    logits = rng.normal(size=(len(proposal) + 1, vocab)).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.9, seed=2))
+    p_root = sampler.probs(logits[0])
+    row_of = {proposal.tokens[i]: i + 1 for i, p in enumerate(proposal.parents) if p < 0}
+    counts: dict = {}
+    for _ in range(40_000):
+        path, bonus, _ = verify_tree(sampler, logits, proposal)
+        emitted = [proposal.tokens[i] for i in path] + [bonus]
+        key = tuple(emitted[:2]) if len(emitted) > 1 else (emitted[0], None)
+        counts[key] = counts.get(key, 0) + 1
+    probs: dict = {}
+    for x1 in range(vocab):
+        if x1 in row_of:
+            p2 = sampler.probs(logits[row_of[x1]])
+            for x2 in range(vocab):
+                probs[(x1, x2)] = p_root[x1] * p2[x2]
+        else:
+            probs[(x1, None)] = p_root[x1]
+    assert _chi2_pvalue(counts, probs) > SIGNIFICANCE
