@@ -47,7 +47,7 @@ def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target,
     out = tmp_path / "out"
     rc = main(["bench", "--prompts", str(prompt_file), "-n", "12", "--target", str(tiny_target),
                "--drafter", str(tiny_drafters["eagle3"][0]), "--drafter", str(tiny_drafters["eagle3.1"][0]),
-               "--k", "2", "--draft-model", str(draft_model), "--draft-model-k", "2", "--threads", "1",
+               "--k", "2", "--draft-model", str(draft_model), "--draft-model-k", "2", "--threads", "1", "--ngram",
                "--n-ctx", "512", "--out", str(out), "--json", str(tmp_path / "report.json"), "--quiet"])
     assert rc == 0
     for name in ("bench.json", "bench.md", "acceptance.png", "speedup_by_category.png"):
@@ -58,14 +58,15 @@ def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target,
     assert names[0] == "plain"
     for want in ("edge-eagle k=2 [tiny-eagle3]", "edge-eagle auto [tiny-eagle3.1]",
                  "llama.cpp draft-eagle3 k=2 [tiny-eagle3]", "llama.cpp draft-eagle3 k=2 [tiny-eagle3.1]",
-                 "prompt-lookup k=3", "draft-model k=2"):
+                 "prompt-lookup k=3", "draft-model k=2", "llama.cpp ngram-mod [defaults]",
+                 "llama.cpp ngram-map-k [cpu]"):
         assert want in names, names
     for r in report["runners"]:
         assert REQUIRED <= r.keys(), r["name"]
         assert r["tokens_per_second"] > 0, r["name"]
         assert r["peak_rss_mb"] and r["peak_rss_mb"] > 10, r["name"]
         assert set(r["speedup_by_category"]) == {"math", "writing"}
-        if r["kind"] in ("edge-eagle", "upstream", "draft-model", "prompt-lookup"):
+        if r["kind"] in ("edge-eagle", "upstream", "draft-model", "prompt-lookup", "ngram"):
             assert r["tau"] is not None and r["tau"] >= 1.0, r["name"]
     by = {r["name"]: r for r in report["runners"]}
     assert by["plain"]["speedup"] == 1.0 and by["plain"]["tau"] is None
@@ -202,5 +203,35 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
         target.set_capture(())
         logits = np.sort(np.asarray(target.prefill(ids + plain.tokens[:5]).logits[-1], dtype=np.float64))
         assert div["a"][0]["top2_gap"] == pytest.approx(logits[-1] - logits[-2], abs=1e-3)
+    finally:
+        bench.close()
+
+
+def test_the_multi_turn_and_agent_sets_load():
+    from edge_eagle.bench.prompts import load_prompts
+
+    turn2 = load_prompts("mtbench-turn2")
+    assert len(turn2) == 80 and all(len(p.turns) == 2 and p.text == p.turns[1] for p in turn2)
+    agent = load_prompts("agent")
+    assert len(agent) >= 8
+    for p in agent:
+        assert p.messages[-1]["role"] == "user" and p.messages[-1]["content"] == p.text
+        assert {m["role"] for m in p.messages} <= {"system", "user", "assistant"}
+
+
+def test_a_second_turn_follows_the_targets_own_first_answer(tiny_target, tiny_drafters):
+    from edge_eagle.bench.prompts import BenchPrompt
+    from tests.chat_templates import MINIMAL
+
+    bench = Bench(BenchOptions(target=str(tiny_target), drafters=[str(tiny_drafters["eagle3"][0])], ks=[],
+                               auto=False, upstream=False, prompt_lookup_k=None, n_ctx=512, max_tokens=12))
+    try:
+        bench.engines[0].target.chat_template = MINIMAL
+        p = BenchPrompt("1", "writing", "Shorter, please.", turns=("Tell me about rain.", "Shorter, please."))
+        msgs = bench.messages(p)
+        first = bench.engines[0].chat([msgs[0]], max_tokens=12, speculative=False).result().text
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user"] and msgs[1]["content"] == first
+        tokens, _ = bench.prompt_tokens(p)
+        assert len(tokens) + 12 + 16 <= 512
     finally:
         bench.close()
