@@ -4,7 +4,9 @@
     python scripts/bench_proposer.py [--prompts repeat] [--rounds 3] [-n 128] [--json OUT]
 
 For each round and prompt: plain decoding, then auto (rotating which goes first), on one
-engine whose controller keeps learning across prompts, as a user's would. Reports the
+engine whose controller keeps learning across prompts, as a user's would. auto's answers join
+the engine's history (suffix drafts), plain's do not, and each round starts with none: no
+answer to a prompt is drafted from when the same prompt runs again. Reports the
 per-prompt tokens/s ratio auto / plain (median over rounds, then median and spread over
 prompts, and per category), the proposers auto used, and tau.
 """
@@ -49,11 +51,13 @@ def main() -> int:
         ee.auto_controller()  # calibrate before timing
         bar = tqdm(total=args.rounds * len(prompts), desc="rounds", file=sys.stderr)
         for r in range(args.rounds):
+            ee.reset_history()  # suffix drafts may draw on earlier prompts' answers, never this prompt's
             for i, p in enumerate(prompts):
                 speeds = {}
                 for mode in (("plain", "auto") if (r + i) % 2 == 0 else ("auto", "plain")):
                     ee.target.memory.clear()  # no prompt-cache reuse between the two
-                    gen = ee.generate(ids[p.id], max_tokens=args.n, speculative=mode == "auto", k="auto").result()
+                    gen = ee.generate(ids[p.id], max_tokens=args.n, speculative=mode == "auto", k="auto",
+                                      history=mode == "auto").result()
                     speeds[mode] = gen.stats.tokens_per_second
                     if mode == "auto":
                         total.merge(gen.stats)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 import tracemalloc
@@ -52,7 +53,8 @@ def index_costs(ee: EdgeEagle, total: int) -> dict:
     index_s = time.perf_counter() - t0
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    probe = texts[3][:40] + texts[7]
+    probe = [t for text in texts[3:40:3] for t in text]  # a request quoting earlier ones: ~2,000 lookups
+    gc.collect()
     t0 = time.perf_counter()
     n = 0
     for end in range(40, len(probe)):
@@ -73,9 +75,9 @@ def oracle(ee: EdgeEagle, prompts, n: int, c: dict[int, float]) -> list[float]:
         out = ee.generate(ids, max_tokens=n, speculative=False, history=False).result().tokens
         tokens, cost, t = 0, 0.0, 0
         while t < len(out):
+            # committed: ids + out[:t]; the drafts guess out[t:], and the cycle adds a bonus token
             d = ix.lookup(ids + out[:t], 8, 12, 4)
-            acc = _accepted(d.proposal, out[t + 1:]) if len(d.proposal) and t + 1 < len(out) else 0
-            # the committed token out[t] is the cycle's input; drafts follow it
+            acc = min(_accepted(d.proposal, out[t:]), len(out) - t - 1) if len(d.proposal) else 0
             if acc and (acc + 1) / c.get(acc + 1, acc + 1) > 1.0:
                 tokens, cost, t = tokens + acc + 1, cost + c.get(acc + 1, acc + 1), t + acc + 1
             else:
