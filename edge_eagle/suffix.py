@@ -82,47 +82,48 @@ class SuffixIndex:
 
     # --- indexing ------------------------------------------------------------------------------
 
-    def _add(self, text_id: int, text: array, start: int, end: int) -> None:
-        """Index the n-grams of text ending at start..end-1."""
-        index, cap = self._index, self.max_occurrences
-        base = text_id * _SHIFT
+    @staticmethod
+    def _keys(text: array, start: int, end: int):
+        """(end position, hash) of each indexed n-gram of text ending at start..end-1."""
         for j in range(start, end):
             for n in NGRAMS:
                 if n > j + 1:
                     break
-                key = hash(tuple(text[j - n + 1:j + 1]))
-                old = index.get(key)
-                if old is None:
-                    index[key] = base + j
-                elif isinstance(old, int):
-                    index[key] = [base + j, old]
-                else:
-                    old.insert(0, base + j)
-                    if len(old) > cap:
-                        old.pop()
+                yield j, hash(tuple(text[j - n + 1:j + 1]))
+
+    def _add(self, text_id: int, text: array, start: int, end: int) -> None:
+        """Index the n-grams of text ending at start..end-1."""
+        index, cap = self._index, self.max_occurrences
+        base = text_id * _SHIFT
+        for j, key in self._keys(text, start, end):
+            old = index.get(key)
+            if old is None:
+                index[key] = base + j
+            elif isinstance(old, int):
+                index[key] = [base + j, old]
+            else:
+                old.insert(0, base + j)
+                if len(old) > cap:
+                    old.pop()
 
     def _remove(self, text_id: int, text: array) -> None:
         index = self._index
         lo, hi = text_id * _SHIFT, (text_id + 1) * _SHIFT
-        for j in range(len(text)):
-            for n in NGRAMS:
-                if n > j + 1:
-                    break
-                key = hash(tuple(text[j - n + 1:j + 1]))
-                old = index.get(key)
-                if old is None:
-                    continue
-                if isinstance(old, int):
-                    if lo <= old < hi:
-                        del index[key]
-                    continue
-                kept = [o for o in old if not lo <= o < hi]
-                if not kept:
+        for _, key in self._keys(text, 0, len(text)):
+            old = index.get(key)
+            if old is None:
+                continue
+            if isinstance(old, int):
+                if lo <= old < hi:
                     del index[key]
-                elif len(kept) == 1:
-                    index[key] = kept[0]
-                elif len(kept) != len(old):
-                    index[key] = kept
+                continue
+            kept = [o for o in old if not lo <= o < hi]
+            if not kept:
+                del index[key]
+            elif len(kept) == 1:
+                index[key] = kept[0]
+            elif len(kept) != len(old):
+                index[key] = kept
 
     def observe(self, tokens: Sequence[int]) -> None:
         """The live text is now `tokens`: a continuation of it is indexed incrementally (n-grams

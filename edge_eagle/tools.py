@@ -155,7 +155,6 @@ class ChatPlan:
     prompt: list[int]
     grammar: str | None = None
     style: str | None = None
-    forced: bool = False  # the grammar forces a call
 
     def finish(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls) of the full answer."""
@@ -232,7 +231,7 @@ def chat_plan(engine: "EdgeEagle", messages: Sequence[Mapping[str, Any]], *,
     if forced:
         grammar = call_grammar(tools, style, name)
     text = engine.apply_chat_template(msgs, tools=list(tools))
-    return ChatPlan(engine.target.tokenize(text, add_special=False), grammar, style, forced)
+    return ChatPlan(engine.target.tokenize(text, add_special=False), grammar, style)
 
 
 @dataclass

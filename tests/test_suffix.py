@@ -14,9 +14,8 @@ from edge_eagle.policy import LOOKUP, DraftPolicy, Plan
 from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
 from edge_eagle.suffix import SuffixIndex
-from edge_eagle.verify import verify_tree
 from tests.test_lossless import PROMPTS, assert_lossless
-from tests.test_tree import SIGNIFICANCE, _chi2_pvalue
+from tests.test_tree import SIGNIFICANCE, first_two_tokens_pvalue
 
 
 def test_a_lookup_finds_what_followed_in_earlier_requests_as_a_tree():
@@ -175,20 +174,4 @@ def test_sampled_suffix_trees_draw_exactly_from_the_target():
     vocab = 6
     logits = rng.normal(size=(len(proposal) + 1, vocab)).astype(np.float32)
     sampler = Sampler(SamplingParams(temperature=0.9, seed=2))
-    p_root = sampler.probs(logits[0])
-    row_of = {proposal.tokens[i]: i + 1 for i, p in enumerate(proposal.parents) if p < 0}
-    counts: dict = {}
-    for _ in range(40_000):
-        path, bonus, _ = verify_tree(sampler, logits, proposal)
-        emitted = [proposal.tokens[i] for i in path] + [bonus]
-        key = tuple(emitted[:2]) if len(emitted) > 1 else (emitted[0], None)
-        counts[key] = counts.get(key, 0) + 1
-    probs: dict = {}
-    for x1 in range(vocab):
-        if x1 in row_of:
-            p2 = sampler.probs(logits[row_of[x1]])
-            for x2 in range(vocab):
-                probs[(x1, x2)] = p_root[x1] * p2[x2]
-        else:
-            probs[(x1, None)] = p_root[x1]
-    assert _chi2_pvalue(counts, probs) > SIGNIFICANCE
+    assert first_two_tokens_pvalue(sampler, logits, proposal) > SIGNIFICANCE

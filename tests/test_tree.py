@@ -208,10 +208,17 @@ def test_tree_rejection_sampling_draws_exactly_from_the_target():
     proposal = Proposal((0, 1, 2, 3, 4, 5), (-1, -1, -1, 0, 0, 1))
     logits = rng.normal(size=(len(proposal) + 1, vocab)).astype(np.float32)
     sampler = Sampler(SamplingParams(temperature=0.8, seed=1))
+    assert first_two_tokens_pvalue(sampler, logits, proposal) > SIGNIFICANCE
+
+
+def first_two_tokens_pvalue(sampler: Sampler, logits: np.ndarray, proposal: Proposal, draws: int = 40_000) -> float:
+    """verify_tree `draws` times on one tree (its roots' rows hold the target's next
+    distribution): the chi-square p-value of the first two emitted tokens against p(x1) p(x2 | x1)."""
+    vocab = logits.shape[-1]
     p_root = sampler.probs(logits[0])
-    row_of = {0: 1, 1: 2, 2: 3}  # the first token -> the row holding the target's next distribution
+    row_of = {proposal.tokens[i]: i + 1 for i, p in enumerate(proposal.parents) if p < 0}
     counts: dict = {}
-    for _ in range(40_000):
+    for _ in range(draws):
         path, bonus, _ = verify_tree(sampler, logits, proposal)
         emitted = [proposal.tokens[i] for i in path] + [bonus]
         key = tuple(emitted[:2]) if len(emitted) > 1 else (emitted[0], None)
@@ -224,7 +231,7 @@ def test_tree_rejection_sampling_draws_exactly_from_the_target():
                 probs[(x1, x2)] = p_root[x1] * p2[x2]
         else:  # the bonus token ends the cycle
             probs[(x1, None)] = p_root[x1]
-    assert _chi2_pvalue(counts, probs) > SIGNIFICANCE
+    return _chi2_pvalue(counts, probs)
 
 
 def test_sampled_tree_generation_follows_the_target_distribution(tiny_target, trained_drafters):

