@@ -1,18 +1,24 @@
 #!/usr/bin/env python
-"""The suffix index's own costs, and what an oracle would gain from its drafts.
+"""The suffix index's own costs, what an oracle would gain from its drafts, and what `auto` gains.
 
-    python scripts/bench_suffix.py [--prompts repeat] [--limit 12] [-n 128] [--index-tokens 100000] [--json OUT]
+    python scripts/bench_suffix.py [--prompts repeat] [--limit 12] [--every 1] [-n 128]
+                                    [--index-tokens 100000] [--json OUT]
 
 1. Index: prompts of the shipped sets and MT-bench, tokenized by the target, indexed as
    requests until the history holds --index-tokens tokens; reported: indexing tokens/s, lookups/s
    (a tree of up to 12 nodes, 4 paths, after each appended token, as `auto` asks), index keys and
    entries, and bytes (tracemalloc's count of what the index allocated).
-2. Oracle: for each prompt of --prompts, plain greedy decoding's answer; then, position by
-   position, the suffix lookup `auto` would see (this prompt, earlier prompts' answers in the
-   history) and how much of its tree the answer follows. An oracle that knows that takes the
-   lookup, cut to the accepted path, whenever (accepted + 1) / c(accepted + 1) beats a plain
-   step, with this CPU's measured c(n). Reported: its tokens per single-step cost, median over
-   prompts: the most any proposer choice could gain from these drafts here.
+2. Oracle: for each prompt of --prompts (chat-formatted as `edge-eagle bench` does: second turns
+   after the target's own first answer, recorded sessions as given), plain greedy decoding's
+   answer; then, position by position, the suffix lookup `auto` would see (this prompt, earlier
+   prompts' answers in the history) and how much of its tree the answer follows. An oracle that
+   knows that takes the lookup, cut to the accepted path, whenever (accepted + 1) /
+   c(accepted + 1) beats a plain step, with this CPU's measured c(n). Reported: its tokens per
+   single-step cost per prompt: the most any proposer choice could gain from these drafts here.
+3. Policy replay: the same answers, decoded by `auto`'s controller choosing between plain steps
+   and these lookups (no drafter), each cycle charged c(m + 1) for m drafted nodes: what the
+   choice gains without knowing the outcome, beside the oracle. Greedy verification commits the
+   same answer whichever the choice, so the replay needs no decoding.
 """
 
 from __future__ import annotations
@@ -23,15 +29,25 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle  # noqa: E402
+from edge_eagle.api import LOOKUP_NODES, LOOKUP_PATHS  # noqa: E402
+from edge_eagle.bench.options import BenchOptions  # noqa: E402
 from edge_eagle.bench.prompts import load_prompts  # noqa: E402
+from edge_eagle.bench.suite import Bench  # noqa: E402
+from edge_eagle.controller import AcceptanceModel, KController  # noqa: E402
+from edge_eagle.costs import CostModel  # noqa: E402
+from edge_eagle.drafter import NO_DRAFTER  # noqa: E402
 from edge_eagle.fsutil import emit_report  # noqa: E402
-from edge_eagle.stats import spread  # noqa: E402
+from edge_eagle.policy import LOOKUP, DraftPolicy, Plan  # noqa: E402
+from edge_eagle.sampling import Sampler, SamplingParams  # noqa: E402
+from edge_eagle.speculative import speculate  # noqa: E402
+from edge_eagle.stats import SpecStats, spread  # noqa: E402
 from edge_eagle.suffix import SuffixIndex  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 
@@ -67,24 +83,96 @@ def index_costs(ee: EdgeEagle, total: int) -> dict:
             "bytes": held, "bytes_per_token": round(held / st["history_tokens"], 1)}
 
 
-def oracle(ee: EdgeEagle, prompts, n: int, c: dict[int, float]) -> list[float]:
+def answers(bench: Bench, prompts, n: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt tokens, plain greedy answer) per prompt."""
+    ee = bench.engines[0]
+    out = []
+    for p in tqdm(prompts, desc="answers", file=sys.stderr):
+        ids, _ = bench.prompt_tokens(p)
+        out.append((ids, ee.generate(ids, max_tokens=n, speculative=False, history=False).result().tokens))
+    return out
+
+
+def oracle(pairs, c: Callable[[int], float]) -> list[float]:
     ix = SuffixIndex()
     ratios = []
-    for p in tqdm(prompts, desc="oracle", file=sys.stderr):
-        ids = ee.target.tokenize(ee.apply_chat_template([{"role": "user", "content": p.text}]), add_special=False)
-        out = ee.generate(ids, max_tokens=n, speculative=False, history=False).result().tokens
+    for ids, out in pairs:
         tokens, cost, t = 0, 0.0, 0
         while t < len(out):
             # committed: ids + out[:t]; the drafts guess out[t:], and the cycle adds a bonus token
             d = ix.lookup(ids + out[:t], 8, 12, 4)
             acc = min(_accepted(d.proposal, out[t:]), len(out) - t - 1) if len(d.proposal) else 0
-            if acc and (acc + 1) / c.get(acc + 1, acc + 1) > 1.0:
-                tokens, cost, t = tokens + acc + 1, cost + c.get(acc + 1, acc + 1), t + acc + 1
+            if acc and (acc + 1) / c(acc + 1) > 1.0:
+                tokens, cost, t = tokens + acc + 1, cost + c(acc + 1), t + acc + 1
             else:
                 tokens, cost, t = tokens + 1, cost + 1.0, t + 1
         ix.finish(ids + out)
         ratios.append(tokens / cost if cost else 1.0)
     return ratios
+
+
+def replay(pairs, costs: CostModel) -> tuple[list[float], int, int]:
+    """`auto`'s choice between plain steps and suffix lookups on the recorded answers: (tokens per
+    single-step cost per prompt, lookup cycles, cycles)."""
+    ix = SuffixIndex()
+    ctl = KController(k_max=8, costs=CostModel(verify_s=dict(costs.verify_s)), lookup=ix, lookup_max=8,
+                      lookup_nodes=LOOKUP_NODES, lookup_paths=LOOKUP_PATHS,
+                      acceptance=AcceptanceModel(8, prior=0.0), probe_every=1 << 30, probe_max=1 << 30)
+    one = costs.verify_s[1]
+    ratios, lookups, cycles = [], 0, 0
+    for ids, out in pairs:
+        ctl.begin()
+        tokens, cost, t = 0, 0.0, 0
+        while t < len(out):
+            plan = ctl.plan(ids + out[:t])
+            cycles += 1
+            m = len(plan.proposal) if plan.kind == LOOKUP else 0
+            acc = min(_accepted(plan.proposal, out[t:]), len(out) - t - 1) if m else 0
+            step = costs.c(m + 1)
+            tokens, cost, t = tokens + acc + 1, cost + step, t + acc + 1
+            lookups += bool(m)
+            ctl.update(m, acc, m + 1, step * one, 0.0)
+        ix.finish(ids + out)
+        ratios.append(tokens / cost)
+    return ratios, lookups, cycles
+
+
+class SuffixEveryCycle(DraftPolicy):
+    """The suffix lookup's whole tree on every cycle that finds one."""
+
+    idle_window = None
+
+    def __init__(self, index: SuffixIndex):
+        self.index = index
+
+    def plan(self, tokens):
+        d = self.index.lookup(tokens, 8, LOOKUP_NODES, LOOKUP_PATHS)
+        return Plan(LOOKUP, len(d.proposal), d.proposal) if len(d.proposal) else Plan()
+
+    def features_needed_soon(self) -> bool:
+        return False
+
+
+def equality(ee: EdgeEagle, pairs) -> dict:
+    """Suffix drafts on every cycle against plain decoding's answers: equal texts, and where a
+    text differs, the first differing token and the top-2 logit gap there."""
+    ix, equal, differ = SuffixIndex(), 0, []
+    for i, (ids, out) in enumerate(tqdm(pairs, desc="equality", file=sys.stderr)):
+        got: list[int] = []
+        for new, _ in speculate(ee.target, NO_DRAFTER, ids, max_tokens=len(out), policy=SuffixEveryCycle(ix),
+                                sampler=Sampler(SamplingParams()), stats=SpecStats()):
+            got += new
+        ix.finish(keep=False)
+        ix.finish(ids + out)  # the history holds plain decoding's answers, as for the oracle
+        j = next((n for n, (a, b) in enumerate(zip(got, out)) if a != b), None)
+        if j is None:
+            equal += 1
+            continue
+        ee.target.memory.clear()
+        top2 = sorted(ee.target.prefill(ids + out[:j]).logits[-1])[-2:]
+        differ.append({"prompt": i, "token": j, "top2_gap": round(float(top2[1] - top2[0]), 4)})
+    ee.target.memory.clear()
+    return {"equal": equal, "prompts": len(pairs), "differ": differ}
 
 
 def _accepted(proposal, future: list[int]) -> int:
@@ -103,18 +191,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", default="repeat")
     ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--every", type=int, default=1)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--index-tokens", type=int, default=100_000)
     ap.add_argument("--json")
     args = ap.parse_args()
-    with EdgeEagle(None, None, n_ctx=4096) as ee:
+    bench = Bench(BenchOptions(prompts=args.prompts, drafters=[], ks=[], auto=False, upstream=False,
+                               prompt_lookup_k=None, memory=False, max_tokens=args.n, n_ctx=4096))
+    try:
+        ee = bench.engines[0]
         index = index_costs(ee, args.index_tokens)
-        costs = ee.calibrate(use_cache=True)
-        c = {m: costs.c(m) for m in range(1, 18)}
-        ratios = oracle(ee, load_prompts(args.prompts, args.limit), args.n, c)
+        costs = ee.calibrate(use_cache=False)
+        pairs = answers(bench, load_prompts(args.prompts, args.limit, args.every), args.n)
+        same = equality(ee, pairs)
+    finally:
+        bench.close()
+    best = oracle(pairs, costs.c)
+    chosen, lookups, cycles = replay(pairs, costs)
     report = {"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
-              "index": index, "c": {m: round(v, 3) for m, v in c.items()},
-              "oracle": {"prompts": args.prompts, "count": len(ratios), **spread(ratios)}}
+              "index": index, "c": {m: round(costs.c(m), 3) for m in range(1, 18)},
+              "prompts": args.prompts, "count": len(pairs), "oracle": spread(best),
+              "replay": {**spread(chosen), "lookup_cycles": lookups, "cycles": cycles},
+              "suffix_drafts_equal_plain": same}
     emit_report(report, args.json)
     return 0
 
