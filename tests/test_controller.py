@@ -215,3 +215,26 @@ def test_honest_costs_keep_their_trust_and_a_lone_stall_does_not_stop_drafting()
     plans = _simulate(ctl, 120, true_cost, accept_rate=0.9)
     assert all(k >= 4 for _, k in plans[60:])
     assert ctl.trust > 0.8 and not ctl.suspect
+
+
+def test_a_suffix_match_counts_at_most_one_token_before_the_answer():
+    """Every answer starts after the same template tokens: a match reaching back into them is not
+    copying, so its length counts from the answer's start (plus one); a copy inside the answer
+    then grows it."""
+    from edge_eagle.suffix import SuffixIndex
+
+    template = [900, 901, 902, 903, 904, 905, 906, 907, 908]
+    ix = SuffixIndex()
+    earlier = [1, 2, 3] + template + list(range(10, 40))
+    ix.finish(earlier)
+    ctl = KController(k_max=8, costs=CostModel(verify_s={n: 0.01 * n for n in range(1, 18)}), lookup=ix)
+    ctl.begin()
+    prompt = [4, 5, 6] + template
+    assert ix.lookup(prompt, 8, 8).n >= 8  # the index itself matches the whole template
+    ctl.plan(prompt)
+    assert ctl._shadow is not None and ctl._shadow[0] == 1
+    ctl.plan(prompt + list(range(10, 22)))  # the answer copies the earlier one: 12 tokens in
+    assert ctl._shadow is not None and ctl._shadow[0] == 13
+    ctl.begin()  # a new request starts counting again
+    ctl.plan(prompt + [10])
+    assert ctl._shadow is not None and ctl._shadow[0] == 1
