@@ -37,6 +37,7 @@ from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle  # noqa: E402
 from edge_eagle.api import LOOKUP_NODES, LOOKUP_PATHS  # noqa: E402
+from edge_eagle.bench.divergence import top2_gap  # noqa: E402
 from edge_eagle.bench.options import BenchOptions  # noqa: E402
 from edge_eagle.bench.prompts import load_prompts  # noqa: E402
 from edge_eagle.bench.suite import Bench  # noqa: E402
@@ -74,7 +75,7 @@ def index_costs(ee: EdgeEagle, total: int) -> dict:
     t0 = time.perf_counter()
     n = 0
     for end in range(40, len(probe)):
-        ix.lookup(probe[:end], 8, 12, 4)
+        ix.lookup(probe[:end], 8, LOOKUP_NODES, LOOKUP_PATHS)
         n += 1
     lookup_s = time.perf_counter() - t0
     st = ix.stats()
@@ -100,7 +101,7 @@ def oracle(pairs, c: Callable[[int], float]) -> list[float]:
         tokens, cost, t = 0, 0.0, 0
         while t < len(out):
             # committed: ids + out[:t]; the drafts guess out[t:], and the cycle adds a bonus token
-            d = ix.lookup(ids + out[:t], 8, 12, 4)
+            d = ix.lookup(ids + out[:t], 8, LOOKUP_NODES, LOOKUP_PATHS)
             acc = min(_accepted(d.proposal, out[t:]), len(out) - t - 1) if len(d.proposal) else 0
             if acc and (acc + 1) / c(acc + 1) > 1.0:
                 tokens, cost, t = tokens + acc + 1, cost + c(acc + 1), t + acc + 1
@@ -168,9 +169,7 @@ def equality(ee: EdgeEagle, pairs) -> dict:
         if j is None:
             equal += 1
             continue
-        ee.target.memory.clear()
-        top2 = sorted(ee.target.prefill(ids + out[:j]).logits[-1])[-2:]
-        differ.append({"prompt": i, "token": j, "top2_gap": round(float(top2[1] - top2[0]), 4)})
+        differ.append({"prompt": i, "token": j, "top2_gap": round(top2_gap(ee.target, ids + out[:j]), 4)})
     ee.target.memory.clear()
     return {"equal": equal, "prompts": len(pairs), "differ": differ}
 

@@ -43,6 +43,16 @@ def numeric_noise(target, prompt: list[int], continuation: list[int]) -> float:
     return float(np.abs(runs[0][:n] - runs[1][:n]).max()) if n else 0.0
 
 
+def top2_gap(target, tokens: list[int]) -> float:
+    """The gap between the target's two largest logits for the token after `tokens` (a fresh
+    prefill; the cache is left holding `tokens`)."""
+    target.memory.clear()
+    target.set_capture(())
+    logits = np.asarray(target.prefill(tokens).logits[-1], dtype=np.float64)
+    top2 = np.sort(logits)[-2:]
+    return float(top2[1] - top2[0])
+
+
 def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[int]],
                  results: dict[str, list[RunResult]]) -> tuple[float, dict[str, list[dict[str, Any]]]]:
     """For every output that differs from plain decoding: where it first differs, and the gap
@@ -72,11 +82,7 @@ def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[
                     j += 1
             if j >= len(ref):
                 continue
-            target.memory.clear()
-            target.set_capture(())
-            logits = np.asarray(target.prefill(prompt_ids[i] + ref[:j]).logits[-1], dtype=np.float64)
-            top2 = np.sort(logits)[-2:]
             out.setdefault(name, []).append({"prompt": prompts[i].id, "token": j,
-                                             "top2_gap": round(float(top2[1] - top2[0]), 4)})
+                                             "top2_gap": round(top2_gap(target, prompt_ids[i] + ref[:j]), 4)})
     target.memory.clear()
     return noise, out
