@@ -24,7 +24,7 @@ import numpy as np
 from . import calibration, defaults
 from .compat import LlamaCompat
 from .controller import KController
-from .costs import CostModel, measure_batch_costs
+from .costs import CONTEXT_SPAN, BatchCosts, CostModel, measure_context_costs
 from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
@@ -427,40 +427,43 @@ class EdgeEagle(LlamaCompat):
         early: the costs in use stay (a first calibration then runs to the end)."""
         threads = self.target.n_threads
         cache_key = calibration.key(self.target, threads, self.cost_n_max)
-        verify_s = calibration.load(cache_key) if use_cache else None
+        costs = calibration.load(cache_key) if use_cache else None
         source = "cache"
-        if verify_s is None:
+        if costs is None:
             measured = self._measure_costs(should_stop if self.costs is not None else None, progress)
             if measured is None:
                 assert self.costs is not None
                 return self.costs
-            verify_s, idle = measured
+            costs, idle = measured
             source = "measured"
             if idle:
-                calibration.store(cache_key, verify_s)
-        self._use_costs(verify_s, source, threads)
+                calibration.store(cache_key, costs)
+        self._use_costs(costs, source, threads)
         assert self.costs is not None
         return self.costs
 
-    def _measure_costs(self, should_stop=None, progress=None) -> tuple[dict[int, float], bool] | None:
-        """c(n) measured now after the cached prompt, and whether other programs left the cores
-        idle meanwhile (only then is it worth caching); None when should_stop() ended it."""
+    def _measure_costs(self, should_stop=None, progress=None) -> tuple[BatchCosts, bool] | None:
+        """c(n) measured now after the cached prompt and again a span of context later, and
+        whether other programs left the cores idle meanwhile (only then is it worth caching);
+        None when should_stop() ended it."""
         meter = LoadMeter()
-        verify_s = measure_batch_costs(self.target, self.cost_n_max, keep=len(self.target.memory.tokens) or None,
-                                       should_stop=should_stop, progress=progress)
-        if verify_s is None:
+        costs = measure_context_costs(self.target, self.cost_n_max, keep=len(self.target.memory.tokens) or None,
+                                      should_stop=should_stop, progress=progress)
+        if costs is None:
             return None
         load = meter.sample()
-        return verify_s, load is not None and decide(self.threads.cores, load).reason == "idle"
+        return costs, load is not None and decide(self.threads.cores, load).reason == "idle"
 
-    def _use_costs(self, verify_s: Mapping[int, float], source: str, threads: int) -> None:
+    def _use_costs(self, costs: BatchCosts, source: str, threads: int) -> None:
         if self.costs is None:
-            self.costs = CostModel(verify_s=dict(verify_s))
+            self.costs = CostModel.from_measured(costs)
         else:
-            self.costs.calibrate(verify_s)
+            self.costs.calibrate(costs)
         if self.governor is not None:
-            self.governor.calibrated(verify_s[1], threads)
-        self.calibration = {"source": source, "threads": threads, "one_token_ms": round(verify_s[1] * 1e3, 3)}
+            self.governor.calibrated(costs.verify_s[1], threads)
+        self.calibration = {"source": source, "threads": threads, "context": costs.context,
+                            "one_token_ms": round(costs.verify_s[1] * 1e3, 3),
+                            "one_token_ms_per_1k_context": round(costs.slope_s.get(1, 0.0) * 1e6, 3)}
         self._costs_stale = False
 
     def recheck_costs(self, should_stop=None) -> bool | None:
@@ -476,7 +479,9 @@ class EdgeEagle(LlamaCompat):
             if measured is None:
                 return None
             fresh, idle = measured
-            if not calibration.differs(self.costs.verify_s, fresh):
+            far = fresh.context + CONTEXT_SPAN  # the slopes, compared where they matter
+            if not (calibration.differs(self.costs.seconds_at(fresh.context), fresh.verify_s)
+                    or calibration.differs(self.costs.seconds_at(far), CostModel.from_measured(fresh).seconds_at(far))):
                 return False
             self._use_costs(fresh, "re-checked", threads)
             if idle:

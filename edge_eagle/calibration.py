@@ -1,4 +1,5 @@
-"""Measured batch costs c(n), cached per machine, model and thread count, so that a start with a
+"""Measured batch costs c(n) (costs.BatchCosts: seconds per batch size at a context, and per further
+context token), cached per machine, model and thread count, so that a start with a
 cache pays nothing and a first request never pays for measuring.
 
 The cache is one JSON file ($EDGE_EAGLE_CALIBRATION, else ($XDG_CACHE_HOME or ~/.cache)/
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from .costs import BatchCosts
 from .fsutil import atomic_write
 
 MAX_ENTRIES = 64
@@ -54,26 +56,31 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) and isinstance(data.get("entries"), dict) else {}
 
 
-def load(cache_key: str) -> dict[int, float] | None:
-    """The cached seconds per batch size for this key, or None."""
+def load(cache_key: str) -> BatchCosts | None:
+    """The cached costs for this key, or None (also for an entry from before the context slopes:
+    it is measured again)."""
     entry = _read(cache_path()).get("entries", {}).get(cache_key)
     if not isinstance(entry, dict):
         return None
     try:
         costs = {int(n): float(s) for n, s in entry["verify_s"].items()}
+        slope = {int(n): float(s) for n, s in entry["slope_s"].items()}
+        context = int(entry["context"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return costs if costs.get(1, 0) > 0 else None
+    return BatchCosts(costs, context, slope) if costs.get(1, 0) > 0 else None
 
 
-def store(cache_key: str, verify_s: Mapping[int, float]) -> None:
+def store(cache_key: str, costs: BatchCosts) -> None:
     """Record a measurement (keeping the newest MAX_ENTRIES); a cache that cannot be written is
     not an error: the next start measures again."""
     path = cache_path()
     with _lock:
         entries = _read(path).get("entries", {})
         entries.pop(cache_key, None)
-        entries[cache_key] = {"verify_s": {str(n): s for n, s in sorted(verify_s.items())},
+        entries[cache_key] = {"verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
+                              "context": costs.context,
+                              "slope_s": {str(n): s for n, s in sorted(costs.slope_s.items())},
                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         while len(entries) > MAX_ENTRIES:
             entries.pop(next(iter(entries)))
@@ -84,7 +91,8 @@ def store(cache_key: str, verify_s: Mapping[int, float]) -> None:
 
 
 def differs(old: Mapping[int, float], new: Mapping[int, float], tolerance: float = 0.2) -> bool:
-    """Whether a re-check moved the relative costs c(n) by more than `tolerance` anywhere."""
+    """Whether a re-check moved the relative costs c(n) by more than `tolerance` anywhere (both
+    seconds per batch size at the same context)."""
     from .costs import relative_costs
 
     n_max = min(max(old), max(new))

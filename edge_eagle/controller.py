@@ -40,6 +40,8 @@ from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
 from .proposal import Proposal
 from .suffix import SuffixDraft, SuffixIndex
 
+COST_CONTEXT_STEP = 64  # costs are taken at the context rounded down to this many tokens
+
 
 @dataclass
 class AcceptanceModel:
@@ -181,7 +183,7 @@ class KController(DraftPolicy):
 
     def _observe_cost(self, predicted: float, seconds: float) -> None:
         """Score the plan's predicted cycle cost against the observed one (speculative cycles)."""
-        one = self.costs.verify_s.get(1)
+        one = self.costs.step_s()
         if not one or predicted <= 0 or seconds <= 0:
             return
         ratio = predicted * one / seconds
@@ -263,7 +265,7 @@ class KController(DraftPolicy):
         """(predicted speedup, predicted cost in single-token steps) of a tree of n nodes."""
         assert self.acceptance is not None
         expected = self._tree_tokens.get(n, self.acceptance.expected_tokens(min(n, self.k_max)))
-        one = self.costs.verify_s.get(1)
+        one = self.costs.step_s()
         if n in self._tree_draft_s and one:
             draft = self._tree_draft_s[n] / one
         else:  # before a tree was drafted: one drafter step per depth, about log2 of the budget
@@ -273,7 +275,13 @@ class KController(DraftPolicy):
 
     def plan(self, tokens: Sequence[int]) -> Plan:
         """This cycle's proposer, from the committed tokens: the best predicted of plain decoding,
-        a chain (choose(), with its probes), a prompt-lookup draft and the tree budgets."""
+        a chain (choose(), with its probes), a prompt-lookup draft and the tree budgets, each
+        costed at this cycle's context."""
+        context = len(tokens) - len(tokens) % COST_CONTEXT_STEP
+        if self.costs.context != context:
+            self.costs.context = context
+            if self.costs.slope_s:
+                self._cached = None  # the best k moves with the context's costs
         if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
             n, length, draft = self._shadow                               # against what it committed
             new = list(tokens[length:])

@@ -6,11 +6,15 @@ c(k+1) + k d and yields E(k) tokens (the accepted drafts and the bonus), so
 
     speedup(k) = E(k) / (c(k+1) + k d)
 
-Measured here: c(n) from timed target decodes (measure_batch_costs); d from drafting time per
-drafted token. On memory-bound hardware (consumer GPUs, Apple Silicon) a batch of up to
-MEMORY_BOUND_MAX_N tokens costs about one: c(n) = 1 there (and n / MEMORY_BOUND_MAX_N
-beyond). A tree of N nodes costs c(N+1) plus one drafter batch per depth level. Plain numbers in, numbers out; the
-k controller (controller.py) and `edge-eagle bench` both use these.
+Measured here: c(n) from timed target decodes (measure_context_costs); d from drafting time
+per drafted token. A batch costs more after a longer context (its attention reads every cached
+token): the calibration measures each batch size at two contexts, and c(n) is taken at the
+cycle's context (seconds grow about linearly with it; on a 2-core EPYC with SmolLM2-135M a
+batch of 4 tokens costs 2.5 single steps after 8 tokens, 3.0 after 2,048). On memory-bound
+hardware (consumer GPUs, Apple Silicon) a batch of up to MEMORY_BOUND_MAX_N tokens costs
+about one: c(n) = 1 there (and n / MEMORY_BOUND_MAX_N beyond). A tree of N nodes costs
+c(N+1) plus one drafter batch per depth level. Plain numbers in, numbers out; the k
+controller (controller.py) and `edge-eagle bench` both use these.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any, Callable, Mapping
 
 MEMORY_BOUND_MAX_N = 8  # the projection: a batch of up to 8 tokens costs one step (the knee)
 DEFAULT_D = 0.2  # drafter step cost assumed before any is measured
+CONTEXT_SPAN = 1024  # the calibration's second context: this many tokens after the first
+MIN_SPAN = 128  # a window with less room than this after the first context measures one context only
 
 
 def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
@@ -46,6 +52,31 @@ def relative_costs(verify_s: Mapping[int, float], n_max: int) -> list[float]:
             best = max(best, verify_s[known] / one * m / known)
         out.append(best)
     return out[: n_max + 1]
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """A calibration: seconds of one target decode of n tokens after `context` cached tokens, and
+    the seconds each further context token adds to it (slope_s; empty: measured at one context)."""
+
+    verify_s: dict[int, float]
+    context: int = 0
+    slope_s: dict[int, float] = field(default_factory=dict)
+
+
+def seconds_at(verify_s: Mapping[int, float], slope_s: Mapping[int, float], ref: int, context: int) -> dict[int, float]:
+    """Seconds per batch size after `context` tokens, from seconds measured after `ref` tokens and
+    the per-token slopes (a size without a slope takes the largest smaller measured size's, in
+    proportion to n). Never below a tenth of the reference: a slope is not trusted that far."""
+    if not slope_s or context == ref:
+        return dict(verify_s)
+    out, known = {}, 0
+    for n in sorted(verify_s):
+        if n in slope_s:
+            known = n
+        slope = slope_s[n] if n in slope_s else (slope_s[known] * n / known if known else 0.0)
+        out[n] = max(0.1 * verify_s[n], verify_s[n] + slope * (context - ref))
+    return out
 
 
 def memory_bound_cost(n: int) -> float:
@@ -80,7 +111,12 @@ class CostModel:
     program does not move it, while a real change wins within a few cycles. The calibration
     (measured batch costs) seeds the windows. `shifted` says when the single-token step has moved
     away from the calibrated one (another program came or went, the thread count changed):
-    c(n) is then re-measured (api.EdgeEagle does, between generations)."""
+    c(n) is then re-measured (api.EdgeEagle does, between generations).
+
+    Context: verify_s holds seconds after `ref_context` tokens; `context` is the context of the
+    cycle being planned (the controller sets it), and c(n), d and the observations are taken
+    there through the calibrated slopes (slope_s): an observation is moved back to the reference
+    context before it joins its window, so a growing context is not mistaken for a shift."""
 
     alpha: float = 0.1  # the drafter step's EMA weight
     verify_s: dict[int, float] = field(default_factory=dict)
@@ -88,26 +124,59 @@ class CostModel:
     window: int = 5
     shift: float = 1.35  # a single-token step this factor away from the calibration is a shift
     calibrated_one: float | None = None  # the calibration's single-token seconds
+    ref_context: int = 0  # the context verify_s holds for
+    slope_s: dict[int, float] = field(default_factory=dict)  # seconds per context token, per batch size
+    context: int = 0  # tokens before the next batch (KController.plan sets it each cycle)
     _seen: dict[int, deque] = field(default_factory=dict)
+    _at: tuple[int, dict[int, float], dict[int, float]] | None = None  # (context, its verify_s, seconds there)
 
     def __post_init__(self) -> None:
         if self.calibrated_one is None:
             self.calibrated_one = self.verify_s.get(1)
 
-    def calibrate(self, verify_s: Mapping[int, float]) -> None:
-        """Replace the batch costs with a fresh measurement (the windows restart from it)."""
-        self.verify_s = dict(verify_s)
+    @classmethod
+    def from_measured(cls, costs: BatchCosts) -> "CostModel":
+        return cls(verify_s=dict(costs.verify_s), ref_context=costs.context, slope_s=dict(costs.slope_s),
+                   context=costs.context)
+
+    def calibrate(self, costs: BatchCosts | Mapping[int, float]) -> None:
+        """Replace the batch costs with a fresh measurement (the windows restart from it); a plain
+        mapping keeps the context slopes in use and says the seconds hold for the current context."""
+        if isinstance(costs, BatchCosts):
+            self.verify_s, self.ref_context, self.slope_s = dict(costs.verify_s), costs.context, dict(costs.slope_s)
+        else:
+            self.verify_s, self.ref_context = dict(costs), self.context
         self._seen.clear()
+        self._at = None
         self.calibrated_one = self.verify_s.get(1)
 
+    def seconds_at(self, context: int) -> dict[int, float]:
+        """Seconds per batch size after `context` tokens."""
+        return seconds_at(self.verify_s, self.slope_s, self.ref_context, context)
+
+    def _here(self) -> dict[int, float]:
+        """seconds_at(self.context), kept while neither the context nor the seconds change."""
+        at = self._at
+        if at is None or at[0] != self.context or at[1] is not self.verify_s:
+            at = self._at = (self.context, self.verify_s, self.seconds_at(self.context))
+        return at[2]
+
+    def step_s(self) -> float | None:
+        """Seconds of one single-token step at the current context (None before a calibration)."""
+        return self._here().get(1)
+
     def observe_verify(self, n: int, seconds: float) -> None:
+        if self.slope_s and self.context != self.ref_context:  # back to the reference context
+            here, ref = self._here().get(n), self.verify_s.get(n)
+            if here and ref:
+                seconds *= ref / here
         seen = self._seen.get(n)
         if seen is None:
             seen = self._seen[n] = deque(maxlen=2 * self.window - 1 if n == 1 else self.window)
             if n in self.verify_s:
                 seen.append(self.verify_s[n])  # the calibration counts as one observation
         seen.append(seconds)
-        self.verify_s[n] = statistics.median(seen)
+        self.verify_s = {**self.verify_s, n: statistics.median(seen)}  # a new dict: _here() sees the change
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps <= 0:
@@ -126,14 +195,15 @@ class CostModel:
         return ratio > self.shift or ratio < 1 / self.shift
 
     def c(self, n: int) -> float:
-        return relative_cost(self.verify_s, n)
+        """c(n) at the current context."""
+        return relative_cost(self._here(), n)
 
     def c_table(self, n_max: int) -> list[float]:
-        """[c(0), c(1), ..., c(n_max)] (c(0) is unused)."""
-        return relative_costs(self.verify_s, n_max)
+        """[c(0), c(1), ..., c(n_max)] at the current context (c(0) is unused)."""
+        return relative_costs(self._here(), n_max)
 
     def d(self) -> float:
-        one = self.verify_s.get(1)
+        one = self.step_s()
         if not one or self.draft_step_s is None:
             return DEFAULT_D
         return self.draft_step_s / one
@@ -186,3 +256,40 @@ def measure_batch_costs(target: Any, n_max: int, reps: int = 3, *, keep: int | N
         else:
             target.memory.remove_from(keep)
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def measure_context_costs(target: Any, n_max: int, reps: int = 3, *, keep: int | None = None,
+                          span: int = CONTEXT_SPAN, should_stop: Callable[[], bool] | None = None,
+                          progress: Callable[[int, int], None] | None = None) -> BatchCosts | None:
+    """measure_batch_costs() after `keep` cached tokens (None: a cleared cache and 8 tokens of
+    context), then again `span` tokens later (filled with padding and removed again), for each
+    size's seconds per context token. With less room than MIN_SPAN in the window: one context,
+    no slopes. None when should_stop() ended it; the first `keep` cached tokens stay."""
+    target.set_capture(())
+    fresh = keep is None
+    if keep is None:
+        target.memory.clear()
+        target.decode([target.eos if target.eos >= 0 else 0] * 8, 0, "last")
+        keep = 8
+    room = min(span, target.n_ctx - n_max - 1 - keep)
+    phases = 2 if room >= MIN_SPAN else 1
+    total = phases * reps * n_max
+
+    def report(offset: int) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda done, _: progress(offset + done, total))
+
+    try:
+        near = measure_batch_costs(target, n_max, reps, keep=keep, should_stop=should_stop, progress=report(0))
+        if near is None or phases == 1:
+            return None if near is None else BatchCosts(near, keep)
+        target.prefill([target.eos if target.eos >= 0 else 0] * room, keep)
+        far = measure_batch_costs(target, n_max, reps, keep=keep + room, should_stop=should_stop,
+                                  progress=report(reps * n_max))
+        if far is None:
+            return None
+        return BatchCosts(near, keep, {n: max(0.0, (far[n] - near[n]) / room) for n in near})
+    finally:
+        if fresh:
+            target.memory.clear()
+        else:
+            target.memory.remove_from(keep)

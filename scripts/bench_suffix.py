@@ -16,14 +16,17 @@
    c(accepted + 1) beats a plain step, with this CPU's measured c(n). Reported: its tokens per
    single-step cost per prompt: the most any proposer choice could gain from these drafts here.
 3. Policy replay: the same answers, decoded by `auto`'s controller choosing between plain steps
-   and these lookups (no drafter), each cycle charged c(m + 1) for m drafted nodes: what the
-   choice gains without knowing the outcome, beside the oracle. Greedy verification commits the
-   same answer whichever the choice, so the replay needs no decoding.
+   and these lookups (no drafter), each cycle charged c(m + 1) for m drafted nodes at its
+   context: what the choice gains without knowing the outcome, beside the oracle; and the same
+   with a controller that believes the first context's c(n) everywhere (replay_flat_costs).
+   Greedy verification commits the same answer whichever the choice, so the replay needs no
+   decoding. Costs (c(n) and its growth with the context) are measured afresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import sys
 import time
@@ -94,8 +97,19 @@ def answers(bench: Bench, prompts, n: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def oracle(pairs, c: Callable[[int], float]) -> list[float]:
+def at_context(costs: CostModel) -> Callable[[int, int], float]:
+    """c(n) after a context of `context` tokens: c(n, context)."""
+    truth = copy.deepcopy(costs)
+
+    def c(n: int, context: int) -> float:
+        truth.context = context
+        return truth.c(n)
+    return c
+
+
+def oracle(pairs, costs: CostModel) -> list[float]:
     ix = SuffixIndex()
+    at = at_context(costs)
     ratios = []
     for ids, out in pairs:
         tokens, cost, t = 0, 0.0, 0
@@ -103,8 +117,9 @@ def oracle(pairs, c: Callable[[int], float]) -> list[float]:
             # committed: ids + out[:t]; the drafts guess out[t:], and the cycle adds a bonus token
             d = ix.lookup(ids + out[:t], 8, LOOKUP_NODES, LOOKUP_PATHS)
             acc = min(_accepted(d.proposal, out[t:]), len(out) - t - 1) if len(d.proposal) else 0
-            if acc and (acc + 1) / c(acc + 1) > 1.0:
-                tokens, cost, t = tokens + acc + 1, cost + c(acc + 1), t + acc + 1
+            step = at(acc + 1, len(ids) + t) if acc else 1.0
+            if acc and (acc + 1) / step > 1.0:
+                tokens, cost, t = tokens + acc + 1, cost + step, t + acc + 1
             else:
                 tokens, cost, t = tokens + 1, cost + 1.0, t + 1
         ix.finish(ids + out)
@@ -112,14 +127,17 @@ def oracle(pairs, c: Callable[[int], float]) -> list[float]:
     return ratios
 
 
-def replay(pairs, costs: CostModel) -> tuple[list[float], int, int]:
+def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], int, int]:
     """`auto`'s choice between plain steps and suffix lookups on the recorded answers: (tokens per
-    single-step cost per prompt, lookup cycles, cycles)."""
+    single-step cost per prompt, lookup cycles, cycles). Each cycle is charged c(n) at its
+    context; flat: the controller believes the costs of the calibration's first context
+    everywhere (no slopes), as it did before costs followed the context."""
     ix = SuffixIndex()
-    ctl = KController(k_max=8, costs=CostModel(verify_s=dict(costs.verify_s)), lookup=ix, lookup_max=8,
+    model = CostModel(verify_s=dict(costs.verify_s)) if flat else copy.deepcopy(costs)
+    ctl = KController(k_max=8, costs=model, lookup=ix, lookup_max=8,
                       lookup_nodes=LOOKUP_NODES, lookup_paths=LOOKUP_PATHS,
                       acceptance=AcceptanceModel(8, prior=0.0), probe_every=1 << 30, probe_max=1 << 30)
-    one = costs.verify_s[1]
+    truth = copy.deepcopy(costs)
     ratios, lookups, cycles = [], 0, 0
     for ids, out in pairs:
         ctl.begin()
@@ -129,10 +147,12 @@ def replay(pairs, costs: CostModel) -> tuple[list[float], int, int]:
             cycles += 1
             m = len(plan.proposal) if plan.kind == LOOKUP else 0
             acc = min(_accepted(plan.proposal, out[t:]), len(out) - t - 1) if m else 0
-            step = costs.c(m + 1)
+            truth.context = len(ids) + t
+            step = truth.c(m + 1)
+            seconds = step * (truth.step_s() or 0.0)
             tokens, cost, t = tokens + acc + 1, cost + step, t + acc + 1
             lookups += bool(m)
-            ctl.update(m, acc, m + 1, step * one, 0.0)
+            ctl.update(m, acc, m + 1, seconds, 0.0)
         ix.finish(ids + out)
         ratios.append(tokens / cost)
     return ratios, lookups, cycles
@@ -205,12 +225,16 @@ def main() -> int:
         same = equality(ee, pairs)
     finally:
         bench.close()
-    best = oracle(pairs, costs.c)
+    best = oracle(pairs, costs)
     chosen, lookups, cycles = replay(pairs, costs)
+    flat, flat_lookups, _ = replay(pairs, costs, flat=True)
     report = {"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
               "index": index, "c": {m: round(costs.c(m), 3) for m in range(1, 18)},
               "prompts": args.prompts, "count": len(pairs), "oracle": spread(best),
+              "slope_ms_per_1k_context": {m: round(costs.slope_s[m] * 1e6, 3) for m in sorted(costs.slope_s)},
+              "prompt_tokens": spread([len(ids) for ids, _ in pairs]),
               "replay": {**spread(chosen), "lookup_cycles": lookups, "cycles": cycles},
+              "replay_flat_costs": {**spread(flat), "lookup_cycles": flat_lookups},
               "suffix_drafts_equal_plain": same}
     emit_report(report, args.json)
     return 0

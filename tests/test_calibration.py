@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from edge_eagle import EdgeEagle, api, calibration
-from edge_eagle.costs import measure_batch_costs
+from edge_eagle.costs import BatchCosts, measure_batch_costs, measure_context_costs
 from edge_eagle.server import create_app
 from edge_eagle.threads import LoadMeter
 
@@ -37,7 +37,7 @@ def test_a_calibration_is_cached_per_model_and_thread_count_and_reused(tiny_targ
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == 1 and json.loads(next(iter(entries)))["threads"] == 2
     with monkeypatch.context() as m:
-        m.setattr(api, "measure_batch_costs", _no_measuring)
+        m.setattr(api, "measure_context_costs", _no_measuring)
         with EdgeEagle(tiny_target, None, n_threads=2) as second:
             assert second.calibrate().verify_s == costs and second.calibration["source"] == "cache"
     with EdgeEagle(tiny_target, None, n_threads=1) as other:  # another thread count: measured again
@@ -129,7 +129,7 @@ def test_a_cached_calibration_is_ready_at_once_and_re_checked_when_idle(tiny_tar
         return recheck(should_stop)
 
     engine.recheck_costs = recorded
-    monkeypatch.setattr(api, "measure_batch_costs", _no_measuring)  # ready from the cache ...
+    monkeypatch.setattr(api, "measure_context_costs", _no_measuring)  # ready from the cache ...
     app = create_app(engine)
     try:
         assert app.state.server.worker.ready.wait(30)
@@ -166,7 +166,37 @@ def test_a_thread_change_re_measures_the_costs_before_the_next_generation(tiny_t
 
 def test_the_calibration_cache_keeps_the_newest_entries(cache):
     for i in range(calibration.MAX_ENTRIES + 5):
-        calibration.store(f"k{i}", {1: 0.01, 2: 0.02})
+        calibration.store(f"k{i}", BatchCosts({1: 0.01, 2: 0.02}, 8, {1: 1e-6, 2: 3e-6}))
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == calibration.MAX_ENTRIES and "k0" not in entries
-    assert calibration.load(f"k{calibration.MAX_ENTRIES + 4}") == {1: 0.01, 2: 0.02}
+    assert calibration.load(f"k{calibration.MAX_ENTRIES + 4}") == BatchCosts({1: 0.01, 2: 0.02}, 8, {1: 1e-6, 2: 3e-6})
+
+
+def test_an_entry_without_context_slopes_is_measured_again(tiny_target, cache):
+    """A cache written before c(n) followed the context holds one context's seconds only."""
+    with EdgeEagle(tiny_target, None, n_threads=1) as ee:
+        key = calibration.key(ee.target, 1, ee.cost_n_max)
+        cache.write_text(json.dumps({"version": 1, "entries": {key: {"verify_s": {"1": 0.01, "2": 0.02}}}}))
+        assert calibration.load(key) is None
+        ee.calibrate()
+        assert ee.calibration["source"] == "measured"
+        assert calibration.load(key) is not None
+
+
+def test_costs_are_measured_at_two_contexts_and_the_cached_prompt_stays(tiny_target):
+    with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=2048) as ee:
+        ee.generate("Once upon a time", max_tokens=8, k=0).result()
+        held = list(ee.target.memory.tokens)
+        costs = measure_context_costs(ee.target, 4, reps=2, keep=len(held), span=512)
+        assert costs is not None and costs.context == len(held)
+        assert sorted(costs.verify_s) == sorted(costs.slope_s) == [1, 2, 3, 4]
+        assert all(s >= 0 for s in costs.slope_s.values())
+        assert ee.target.memory.tokens == held
+        assert measure_context_costs(ee.target, 4, keep=len(held), should_stop=lambda: True) is None
+        assert ee.target.memory.tokens == held
+        assert ee.generate("Once upon a time", max_tokens=8, k=0).result().stats.prompt_cached > 0
+        fresh = measure_context_costs(ee.target, 4, reps=1, span=512)  # no prompt: after 8 tokens, cache cleared
+        assert fresh is not None and fresh.context == 8 and fresh.slope_s and not ee.target.memory.tokens
+    with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=128) as small:  # no room for a second context
+        one = measure_context_costs(small.target, 4, reps=1)
+        assert one is not None and one.verify_s and not one.slope_s

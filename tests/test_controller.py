@@ -238,3 +238,38 @@ def test_a_suffix_match_counts_at_most_one_token_before_the_answer():
     ctl.begin()  # a new request starts counting again
     ctl.plan(prompt + [10])
     assert ctl._shadow is not None and ctl._shadow[0] == 1
+
+
+def test_costs_follow_the_context_and_a_long_context_is_not_a_shift():
+    """c(n) is taken at the cycle's context through the calibrated slopes; observations at a long
+    context join the windows moved back to the calibration's context."""
+    from edge_eagle.costs import BatchCosts
+
+    short = {n: 0.01 * (1 + 0.5 * (n - 1)) for n in range(1, 10)}  # c(n) = 1 + (n - 1) / 2 after 8 tokens
+    slope = {n: 0.01 * n / 1000 for n in range(1, 10)}  # every token of context adds n x 10 us
+    costs = CostModel.from_measured(BatchCosts(short, 8, slope))
+    assert costs.c(5) == pytest.approx(3.0)
+    costs.context = 1008  # a batch of n now costs 0.01 (1 + (n - 1) / 2) + 0.01 n seconds
+    assert costs.step_s() == pytest.approx(0.02)
+    assert costs.c(5) == pytest.approx((0.03 + 0.05) / 0.02)
+    for _ in range(20):  # decoding at the long context as calibrated: no shift, the same costs
+        costs.observe_verify(1, 0.02)
+        costs.observe_verify(5, 0.08)
+    assert not costs.shifted and costs.verify_s[1] == pytest.approx(0.01) and costs.c(5) == pytest.approx(4.0)
+    for _ in range(20):  # twice as slow at that context: a shift
+        costs.observe_verify(1, 0.04)
+    assert costs.shifted
+
+
+def test_a_draft_that_pays_after_a_short_context_is_declined_after_a_long_one():
+    from edge_eagle.costs import BatchCosts
+
+    short = {n: 0.01 * (1 + 0.25 * (n - 1)) for n in range(1, 10)}
+    slope = {n: 0.01 * n * n / 1000 for n in range(1, 10)}  # the batch's attention grows with n
+    ctl = KController(k_max=8, costs=CostModel.from_measured(BatchCosts(short, 8, slope)), probe_every=1 << 30)
+    ctl.costs.draft_step_s = 0.0005
+    for _ in range(200):
+        ctl.acceptance.observe(3, 2)  # tau about 2.6 at k = 3
+    ctl.plan([1] * 8)
+    assert ctl.plan([1] * 8).n > 0
+    assert ctl.plan([1] * 3000).n == 0
