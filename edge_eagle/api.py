@@ -14,6 +14,7 @@ import codecs
 import collections
 import contextlib
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
 from .grammar import Grammar
-from .options import TREE_PATHS, EngineOptions
+from .learn import LearnStore
+from .options import LEARN_TOKENS, TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
@@ -152,6 +154,8 @@ class Generation:
                 if self._grammar is not None:
                     self._grammar.close()
                 eng.suffix.finish(self._prompt + self.tokens, keep=self._history)
+                if self.finish_reason in ("stop", "length", "context") and self.tokens:
+                    eng._learn(self._prompt, self.tokens)
 
     def _token_logprobs(self, rows: "collections.deque[np.ndarray]", tok: int
                         ) -> tuple[float | None, tuple[tuple[int, float], ...] | None]:
@@ -270,13 +274,17 @@ class EdgeEagle(LlamaCompat):
     tree: draft a tree of this many nodes each cycle instead of a chain (EAGLE drafters);
         k="auto" may choose trees by itself. tree_paths: the most root-to-leaf paths a
         verified tree may have (llama.cpp sequences; 0: no trees).
+    learn: keep each finished request's prompt and answer token ids (that is, its text) in the
+        local store of this target and drafter (learn/store.py; at most learn_tokens tokens,
+        the oldest requests going first). Off unless asked for: nothing is stored without it.
     """
 
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
                  None = "default", *, k: int | str = "auto", p_min: float = 0.0, n_ctx: int = 4096,
                  n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
                  repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS,
-                 history: bool = True, history_tokens: int = 200_000):
+                 history: bool = True, history_tokens: int = 200_000, learn: bool = False,
+                 learn_tokens: int = LEARN_TOKENS):
         k = _check_k(k)
         #: suffix drafts' index: this engine's current request and, with history, earlier ones
         self.suffix = SuffixIndex(max_tokens=history_tokens, history=history)
@@ -314,11 +322,42 @@ class EdgeEagle(LlamaCompat):
         self.costs: CostModel | None = None  # measured batch costs (calibrate()), shared with the controller
         self.calibration: dict[str, object] = {"source": None}
         self._costs_stale = False
+        #: the opt-in store of finished requests (None: learning is off, nothing is stored)
+        self.learn_store: LearnStore | None = None
+        self._learn_warned = False
+        if learn:
+            try:
+                self.learn_store = LearnStore.for_models(target_path, self._drafter_identity(),
+                                                         max_tokens=learn_tokens)
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> "EdgeEagle":
         """An engine made as `options` say (options.EngineOptions; the CLI builds them from its flags)."""
         return cls(options.target, options.drafter, **options.engine_kwargs())
+
+    def _drafter_identity(self) -> str | None:
+        """What keys the learn store beside the target: the drafter's file, or its kind."""
+        if self.drafter is None:
+            return None
+        return getattr(self.drafter, "path", None) or self.drafter.name
+
+    def _learn(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """Keep a finished request in the learn store; a store that cannot be written costs the
+        request nothing (one warning)."""
+        store = self.learn_store
+        if store is None:
+            return
+        try:
+            store.add(prompt, answer)
+        except Exception as e:  # a full disk, a store locked past its timeout
+            if not self._learn_warned:
+                self._learn_warned = True
+                logging.getLogger("edge_eagle.learn").warning(
+                    "edge-eagle could not write the learn store %s (%s); requests are not being kept.",
+                    store.path, e)
 
     def _make_drafter(self, drafter: str | os.PathLike[str] | Drafter | None, default_target: bool,
                       n_gpu_layers: int, n_threads: int | None, repack: str | None) -> Drafter | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .costs import BatchCosts
-from .fsutil import atomic_write
+from .fsutil import atomic_write, cache_dir
 
 MAX_ENTRIES = 64
 _lock = threading.Lock()
@@ -28,8 +28,7 @@ def cache_path() -> Path:
     explicit = os.environ.get("EDGE_EAGLE_CALIBRATION")
     if explicit:
         return Path(explicit).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "edge-eagle" / "calibration.json"
+    return cache_dir() / "calibration.json"
 
 
 def key(target: Any, threads: int, n_max: int) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import defaults
 from . import gguf_keys as K
 from .errors import EdgeEagleError
 from .options import EngineOptions, tree_arg
@@ -223,8 +224,110 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
               f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1; "
               f"threads: {ee.threads.describe()}", file=sys.stderr)
+        if ee.learn_store is not None:
+            print(f"edge-eagle: --learn: keeping every finished request's token ids (its text) in "
+                  f"{ee.learn_store.path}", file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _learn_store_dir(args: argparse.Namespace) -> Path:
+    """The store folder of --target and --drafter, resolved as the engine resolves them."""
+    from .learn import store_dir
+
+    target = args.target or defaults.default_target()
+    drafter: str | Path | None = args.drafter
+    if drafter == "default":
+        drafter = (defaults.default_drafter() if args.target is None else None) or "prompt-lookup"
+    elif drafter == "ngram":
+        drafter = "prompt-lookup"
+    elif drafter == "none":
+        drafter = None
+    elif drafter is not None and not Path(drafter).is_file():
+        raise EdgeEagleError(f"No drafter file at {drafter}; pass the GGUF the requests were served with.")
+    return store_dir(target, drafter)
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    from .learn import LearnStore, all_stores
+
+    if args.action == "status" and args.all:
+        stores = [LearnStore(d).status() for d in all_stores()]
+        if args.json:
+            print(json.dumps({"stores": stores}))
+        for s in [] if args.json else stores:
+            print(f"{s['path']}: {s['requests']} requests, {s['tokens']} tokens ({s['bytes'] / 1e6:.1f} MB)")
+        if not stores and not args.json:
+            print("No learn stores: nothing has been kept (run chat or serve with --learn).")
+        return 0
+    directory = _learn_store_dir(args)
+    if not (directory / "requests.sqlite").exists():
+        if args.json:
+            print(json.dumps({"path": str(directory), "requests": 0, "tokens": 0}))
+        else:
+            print(f"No learn store for this target and drafter at {directory}: nothing has been kept "
+                  "(run chat or serve with --learn).")
+        return 0
+    store = LearnStore(directory)
+    if store.recovered:
+        print(f"edge-eagle: {store.recovered}", file=sys.stderr)
+    if args.action == "status":
+        s = store.status()
+        if args.json:
+            print(json.dumps(s))
+        else:
+            print(f"{s['path']}\n  target  {s['target']}\n  drafter {s['drafter']}\n"
+                  f"  {s['requests']} requests, {s['tokens']} tokens ({s['bytes'] / 1e6:.1f} MB on disk), "
+                  f"from {s['oldest']} to {s['newest']}")
+        return 0
+    if args.action == "reset":
+        n = store.reset()
+        print(json.dumps({"path": str(store.path), "removed": n}) if args.json else
+              f"Removed {n} requests from {store.path}.")
+        return 0
+    return _learn_export(store, args)
+
+
+def _learn_export(store: Any, args: argparse.Namespace) -> int:
+    """`learn export`: one JSON line per request (token ids; with --text also the text)."""
+    if not args.out:
+        raise EdgeEagleError("learn export needs --out FILE.jsonl (or --out - for standard output).")
+    detok = None
+    if args.text:
+        from llama_cpp import Llama
+
+        vocab = Llama(model_path=str(args.target or defaults.default_target()), vocab_only=True, verbose=False)
+
+        def detok(ids: list[int]) -> str:
+            return vocab.detokenize(ids).decode("utf-8", errors="replace")
+
+    lines = []
+    for prompt, answer, finished in store.requests():
+        row: dict[str, Any] = {"prompt_ids": prompt, "answer_ids": answer, "finished": finished}
+        if detok is not None:
+            row.update(prompt=detok(prompt), answer=detok(answer))
+        lines.append(json.dumps(row))
+    text = "".join(line + "\n" for line in lines)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        from .fsutil import atomic_write
+
+        atomic_write(args.out, text)
+        print(f"Wrote {len(lines)} requests to {args.out}.", file=sys.stderr)
+    return 0
+
+
+def _add_learn(sub: Any) -> None:
+    ln = sub.add_parser("learn", help="the opt-in store of your requests that --learn keeps: status, reset, export")
+    ln.add_argument("action", choices=["status", "reset", "export"],
+                    help="status: what is kept and where; reset: forget it all; export: write it as JSON lines")
+    EngineOptions.add_arguments(ln, only=["target", "drafter"])
+    ln.add_argument("--all", action="store_true", help="status: every target and drafter's store")
+    ln.add_argument("--out", help="export: the JSONL file to write ('-': standard output)")
+    ln.add_argument("--text", action="store_true", help="export: also the text (detokenized by the target)")
+    ln.add_argument("--json", action="store_true")
+    ln.set_defaults(func=cmd_learn)
 
 
 def _add_generate(sub: Any) -> None:
@@ -385,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-eagle", description="EAGLE-3 / EAGLE-3.1 speculative decoding "
                                      "for GGUF models through llama.cpp")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_chat, _add_serve, _add_convert, _add_train, _add_bench, _add_inspect):
+    for add in (_add_generate, _add_chat, _add_serve, _add_convert, _add_train, _add_bench, _add_inspect, _add_learn):
         add(sub)
     return parser
 

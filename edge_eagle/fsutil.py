@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Iterator
 
 
+def cache_dir() -> Path:
+    """edge-eagle's cache folder: ($XDG_CACHE_HOME or ~/.cache)/edge-eagle."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge-eagle"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary file beside `path` for a writer that wants a file name (GGUFWriter,

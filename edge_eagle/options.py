@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 from .system import REPACK_MODES
 
 TREE_PATHS = 16  # root-to-leaf paths a verified tree may have: llama.cpp sequences of the target
+LEARN_TOKENS = 2_000_000  # the learn store's default cap (learn/store.py)
 
 
 def k_arg(value: str) -> int | str:
@@ -72,6 +73,12 @@ class EngineOptions:
     history_tokens: int = field(default=200_000, metadata=flag(
         "--history-tokens", "the most tokens of earlier requests the suffix index keeps in memory (default "
         "%(default)s; oldest requests go first)", int))
+    learn: bool = field(default=False, metadata=flag(
+        "--learn", "keep each finished request's token ids (prompt and answer: that is its text) in a local store "
+        "under the cache directory, to adapt the drafter to your traffic (see `edge-eagle learn status`)", None,
+        action="store_true"))
+    learn_tokens: int = field(default=LEARN_TOKENS, metadata=flag(
+        "--learn-tokens", "the learn store's cap in tokens (default %(default)s; the oldest requests go first)", int))
     capture: str = "auto"  # how the target's features are captured: auto, layer_inp or callback
     k_max: int = 8  # the longest chain k="auto" may choose
     tree_paths: int = TREE_PATHS  # the most root-to-leaf paths a verified tree may have (0: no trees)

@@ -128,6 +128,12 @@ class EdgeEagleChat(App):
         prompt.placeholder = "Ask something (Enter to send, Esc to stop)"
         prompt.focus()
         self._show_settings()
+        store = self.engine.learn_store if self.engine is not None else None
+        if store is not None:  # --learn: say what is kept and where
+            if store.recovered:
+                self.notify(store.recovered, severity="warning", timeout=15)
+            self.notify(f"--learn: every finished reply and its prompt are kept as token ids in {store.path}",
+                        timeout=10)
 
     # --- chatting ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .._llama import llama_cpp_python_repack
 from ..errors import EdgeEagleError
+from ..fsutil import cache_dir
 from ..stats import SpecStats
 from ..system import repack_for
 
@@ -166,8 +167,7 @@ def upstream_binary(build: bool = False) -> Path | None:
     env = os.environ.get("EDGE_EAGLE_UPSTREAM_BIN")
     if env:
         return Path(env) if Path(env).is_file() else None
-    cache = Path(os.environ.get("EDGE_EAGLE_CACHE") or
-                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge-eagle")
+    cache = Path(os.environ.get("EDGE_EAGLE_CACHE") or cache_dir())
     suffix = ""
     if os.environ.get("CMAKE_ARGS"):
         import hashlib

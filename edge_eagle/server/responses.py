@@ -175,9 +175,11 @@ def model_list(model: str, created: int, drafter: str, k: int | str | None, n_ct
 
 
 def health(model: str, running: int, waiting: int, ready: bool = True,
-           calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+           calibration: dict[str, Any] | None = None, learn: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"status": "ok" if ready else "loading", "model": model, "running": running,
                             "waiting": waiting}
     if calibration is not None:
         body["calibration"] = dict(calibration)
+    if learn is not None:
+        body["learn"] = learn
     return body

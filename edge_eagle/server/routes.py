@@ -30,8 +30,13 @@ async def health(state: ServerState = Depends(get_state)) -> Any:
     """200 "ok" when ready; 503 "loading" while the batch costs are being measured (as
     llama-server answers while it loads), so a client that waits for ready never waits on them."""
     worker = state.worker
+    store = state.engine.learn_store
+    learn: dict[str, Any] = {"on": False}
+    if store is not None:  # what --learn has kept (a count over the store: well under a millisecond)
+        kept = store.status()
+        learn = {"on": True, "path": kept["path"], "requests": kept["requests"], "tokens": kept["tokens"]}
     body = responses.health(state.model_id, worker.running, worker.admitted - worker.running,
-                            ready=worker.ready.is_set(), calibration=state.engine.calibration)
+                            ready=worker.ready.is_set(), calibration=state.engine.calibration, learn=learn)
     if not worker.ready.is_set():
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
     return body

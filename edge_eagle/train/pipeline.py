@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..fsutil import cache_dir
 from .trainer import (  # noqa: F401
     TrainOptions,
     draft_vocabulary,
@@ -67,9 +68,8 @@ def default_features_dir(target_path: str | Path, data: str, layers: Sequence[in
     """Where features are cached unless --features says otherwise: the user cache directory
     ($XDG_CACHE_HOME or ~/.cache)/edge-eagle/features/, one folder per target, data and settings."""
     import hashlib
-    import os
 
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edge-eagle" / "features"
+    base = cache_dir() / "features"
     source = data if data == "sharegpt" else str(Path(data).resolve())
     key = hashlib.sha256(f"{source}|{list(layers)}|{regenerate}|{turns}".encode()).hexdigest()[:10]
     stem = Path(data).stem if data != "sharegpt" else "sharegpt"
