@@ -31,7 +31,7 @@ from .eagle import EagleDrafter
 from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
 from .grammar import Grammar
-from .learn import LearnStore
+from .learn import LearnStore, Versions
 from .options import LEARN_TOKENS, TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
@@ -325,10 +325,17 @@ class EdgeEagle(LlamaCompat):
         #: the opt-in store of finished requests (None: learning is off, nothing is stored)
         self.learn_store: LearnStore | None = None
         self._learn_warned = False
+        self._drafter_load = (n_gpu_layers, repack)
+        #: the adapted drafter version in use (learn/versions.py; 0: the drafter as given)
+        self.drafter_version = 0
         if learn:
             try:
                 self.learn_store = LearnStore.for_models(target_path, self._drafter_identity(),
                                                          max_tokens=learn_tokens)
+                versions = Versions(self.learn_store.directory)
+                adapted = versions.current_path() if isinstance(self.drafter, EagleDrafter) else None
+                if adapted is not None:  # --learn runs the latest accepted adaptation
+                    self.swap_drafter(adapted, version=versions.current)
             except BaseException:
                 self.close()
                 raise
@@ -337,6 +344,22 @@ class EdgeEagle(LlamaCompat):
     def from_options(cls, options: EngineOptions) -> "EdgeEagle":
         """An engine made as `options` say (options.EngineOptions; the CLI builds them from its flags)."""
         return cls(options.target, options.drafter, **options.engine_kwargs())
+
+    def swap_drafter(self, path: str | os.PathLike[str], *, version: int | None = None) -> None:
+        """Run the eagle3 drafter at `path` from the next request on (an adapted version of the
+        one in use). Waits for the request in progress; the target and its caches stay as they
+        are, so greedy output stays the target's, and the controller's acceptance estimates start
+        afresh. The old drafter stays in use if the new one cannot be loaded."""
+        n_gpu_layers, repack = self._drafter_load
+        with self._acquire():
+            new = EagleDrafter(path, self.target, n_gpu_layers=n_gpu_layers, n_threads=self.target.n_threads,
+                               gguf=read_gguf(path), repack=repack)
+            old, self.drafter = self.drafter, new
+            if old is not None:
+                old.close()
+            self.controller = None  # new acceptance: estimated afresh
+            self.tree = _check_tree(self.tree, new)
+            self.drafter_version = version if version is not None else self.drafter_version + 1
 
     def _drafter_identity(self) -> str | None:
         """What keys the learn store beside the target: the drafter's file, or its kind."""

@@ -260,7 +260,15 @@ def cmd_learn(args: argparse.Namespace) -> int:
         if not stores and not args.json:
             print("No learn stores: nothing has been kept (run chat or serve with --learn).")
         return 0
+    base = _learn_base_drafter(args) if args.action == "adapt" else None  # refused before anything else
     directory = _learn_store_dir(args)
+    if args.action == "rollback":
+        from .learn import Versions
+
+        now = Versions(directory).rollback()
+        print(json.dumps({"version": now}) if args.json else
+              f"Now using {'the base drafter' if now == 0 else f'adapted version {now}'} for this target and drafter.")
+        return 0
     if not (directory / "requests.sqlite").exists():
         if args.json:
             print(json.dumps({"path": str(directory), "requests": 0, "tokens": 0}))
@@ -280,12 +288,48 @@ def cmd_learn(args: argparse.Namespace) -> int:
                   f"  {s['requests']} requests, {s['tokens']} tokens ({s['bytes'] / 1e6:.1f} MB on disk), "
                   f"from {s['oldest']} to {s['newest']}")
         return 0
+    if base is not None:
+        return _learn_adapt(store, base, args)
     if args.action == "reset":
         n = store.reset()
         print(json.dumps({"path": str(store.path), "removed": n}) if args.json else
               f"Removed {n} requests from {store.path}.")
         return 0
     return _learn_export(store, args)
+
+
+def _learn_adapt(store: Any, base: Path, args: argparse.Namespace) -> int:
+    """`learn adapt`: fine-tune the drafter in use on the kept requests; a better one becomes the next version."""
+    from .learn.adapt import AdaptOptions
+    from .learn.run import adapt_store
+
+    opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr)
+    report = adapt_store(args.target or defaults.default_target(), base, store, opts,
+                         general_prompts=args.general_prompts, out=args.out, progress=not args.json,
+                         log=lambda s: print(s, file=sys.stderr))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        verdict = (f"accepted as version {report['version']} ({report['written']})" if report["accepted"]
+                   else f"not kept: {report['reason']}")
+        general = ("" if report["general_before"] is None else
+                   f"; general set {report['general_before']:.3f} -> {report['general_after']:.3f}")
+        print(f"Adapted on {report['train_requests']} requests ({report['train_tokens']} answer tokens, "
+              f"{report['steps']} steps, {report['train_s']:.0f} s): tau on {report['heldout_requests']} held-out "
+              f"requests {report['tau_before']:.3f} -> {report['tau_after']:.3f}{general}; {verdict}.")
+    return 0
+
+
+def _learn_base_drafter(args: argparse.Namespace) -> Path:
+    """The eagle3 GGUF that --drafter names (adaptation needs weights: not ngram or none)."""
+    if args.drafter == "default":
+        path = defaults.default_drafter() if args.target is None else None
+        if path is None:
+            raise EdgeEagleError("Adapting needs an eagle3 drafter; pass --drafter D.gguf.")
+        return path
+    if args.drafter in ("ngram", "none") or args.drafter is None:
+        raise EdgeEagleError("Adapting needs an eagle3 drafter, not prompt lookup or none; pass --drafter D.gguf.")
+    return Path(args.drafter)
 
 
 def _learn_export(store: Any, args: argparse.Namespace) -> int:
@@ -320,11 +364,19 @@ def _learn_export(store: Any, args: argparse.Namespace) -> int:
 
 def _add_learn(sub: Any) -> None:
     ln = sub.add_parser("learn", help="the opt-in store of your requests that --learn keeps: status, reset, export")
-    ln.add_argument("action", choices=["status", "reset", "export"],
-                    help="status: what is kept and where; reset: forget it all; export: write it as JSON lines")
+    ln.add_argument("action", choices=["status", "reset", "export", "adapt", "rollback"],
+                    help="status: what is kept and where; reset: forget it all; export: write it as JSON lines; "
+                    "adapt: fine-tune the drafter on it (kept only if it scores better); rollback: the version "
+                    "before")
     EngineOptions.add_arguments(ln, only=["target", "drafter"])
     ln.add_argument("--all", action="store_true", help="status: every target and drafter's store")
-    ln.add_argument("--out", help="export: the JSONL file to write ('-': standard output)")
+    ln.add_argument("--out", help="export: the JSONL file to write ('-': standard output); adapt: also write an "
+                    "accepted drafter to this GGUF")
+    ln.add_argument("--minutes", type=float, default=10.0, help="adapt: wall-time bound of training (default 10)")
+    ln.add_argument("--steps", type=int, default=300, help="adapt: optimizer steps at most (default 300)")
+    ln.add_argument("--lr", type=float, default=2e-4, help="adapt: learning rate (default 2e-4)")
+    ln.add_argument("--general-prompts", type=int, default=16, help="adapt: MT-bench prompts in the general set "
+                    "a candidate may not lose more than 2%% tau on (default 16; 0: none)")
     ln.add_argument("--text", action="store_true", help="export: also the text (detokenized by the target)")
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=cmd_learn)

@@ -1,0 +1,214 @@
+"""Adapting a drafter to a user's requests: features and soft labels from the target on the kept
+requests, fine-tuning from the drafter's current weights, and a candidate that is kept only when
+it measures better.
+
+1. The requests (learn/store.py) split by age: the newest `heldout` share (at least one) is the
+   user's held-out slice, never trained on; the rest is the training data.
+2. Each request's prompt and answer ids go through the target once (a prefill, no generation):
+   the captured layer inputs the drafter reads and the target's top-16 next-token probabilities
+   (train/extract.py's format).
+3. The drafter, read back from its GGUF (learn/weights.py), trains with the trainer's
+   training-time-test loss (train/ttt.py) at a fine-tuning learning rate, for at most `steps`
+   steps or `minutes` of wall time, whichever ends first. Its draft vocabulary (d2t) stays.
+4. Candidate and current drafter are scored by simulated greedy acceptance (tau at `ttt_steps`
+   drafts, train/trainer.simulated_acceptance) on the held-out slice and, when given, on a fixed
+   general set. The candidate is accepted only if it wins on the slice by more than `min_gain`
+   and loses at most `general_margin` (relative) on the general set.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import EdgeEagleError
+
+Request = tuple[Sequence[int], Sequence[int]]  # (prompt ids, answer ids)
+
+
+@dataclass
+class AdaptOptions:
+    minutes: float = 10.0  # wall-time bound of the training steps
+    steps: int = 300  # optimizer steps at most
+    lr: float = 2e-4  # a fine-tuning rate: the drafter starts trained
+    warmup: int = 10
+    batch_rows: int = 1024
+    ttt_steps: int = 5
+    step_decay: float = 0.8
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    heldout: float = 0.2  # the newest share of the requests held out for scoring
+    min_gain: float = 0.0  # the slice's tau must rise by more than this share
+    general_margin: float = 0.02  # the general set's tau may fall by at most this share
+    max_answer: int = 512  # answer tokens per request used (a longer answer is cut)
+    seed: int = 0
+
+
+@dataclass
+class AdaptResult:
+    accepted: bool
+    reason: str
+    tau_before: float
+    tau_after: float
+    general_before: float | None
+    general_after: float | None
+    train_requests: int
+    heldout_requests: int
+    train_tokens: int
+    steps: int
+    train_s: float
+    extract_s: float
+    history: list[dict[str, Any]] = field(default_factory=list)  # per eval: step, tokens seen, slice tau
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def request_sequences(target: Any, layers: tuple[int, int, int], requests: Sequence[Request], *,
+                      max_answer: int = 512, topk: int = 16) -> list[Any]:
+    """train/extract.Sequence_ per request: its prompt and answer decoded by the target in one pass
+    (n_batch chunks), features of every position, soft labels, the answer's labels in the mask."""
+    from ..train.extract import _assemble, _topk
+
+    target.set_capture(layers)
+    out = []
+    for prompt, answer in requests:
+        prompt, answer = list(prompt), list(answer)[:max_answer]
+        if not prompt or not answer:
+            continue
+        full = (prompt + answer)[: target.n_ctx]
+        if len(full) <= len(prompt):
+            continue
+        target.memory.clear()
+        feats, lab_ids, lab_probs = [], [], []
+        for i in range(0, len(full), target.n_batch):
+            res = target.decode(full[i:i + target.n_batch], i, "all")
+            feats.append(res.require_features().astype(np.float16))
+            ids, probs = _topk(res.logits, topk)
+            lab_ids.append(ids)
+            lab_probs.append(probs)
+        out.append(_assemble(full, len(prompt), feats, lab_ids, lab_probs, topk, 3 * target.n_embd, False))
+    target.memory.clear()
+    return out
+
+
+def feature_data(seqs: list[Any], d2t: np.ndarray, vocab_size: int, work: Path, name: str) -> Any:
+    """train/ttt.FeatureData over these sequences (one shard in `work`), mapped to this draft vocabulary."""
+    from ..train.extract import _save_shard
+    from ..train.ttt import FeatureData
+
+    t2d = np.full(vocab_size, -1, np.int64)
+    t2d[np.asarray(d2t, np.int64)] = np.arange(len(d2t))
+    if not seqs:
+        return FeatureData([], t2d)
+    path = work / f"{name}.npz"
+    _save_shard(path, seqs)
+    return FeatureData([path], t2d)
+
+
+def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], work: Path,
+          opts: AdaptOptions | None = None, *, general: Sequence[Request] = (),
+          should_stop: Callable[[], bool] | None = None,
+          progress: Callable[[str, int, int], None] | None = None) -> tuple[AdaptResult, Any]:
+    """Fine-tune the drafter at drafter_path on `requests` (oldest first) with the loaded target
+    (a target.Target whose n_batch and context fit them); returns the result and the candidate
+    model (an Eagle3Reference; the caller writes it when result.accepted). should_stop() is asked
+    between steps: training then ends at once and the candidate is scored as it is.
+    progress(phase, done, total) reports extraction and training."""
+    import torch
+
+    from ..train.trainer import simulated_acceptance
+    from ..train.ttt import ttt_loss
+    from .weights import reference_from_gguf
+
+    opts = opts or AdaptOptions()
+    requests = [(list(p), list(a)) for p, a in requests if len(p) and len(a)]
+    if len(requests) < 2:
+        raise EdgeEagleError(f"Adapting needs at least 2 finished requests, and {len(requests)} are kept; "
+                             "use the drafter with --learn for a while first.")
+    n_held = max(1, int(round(len(requests) * opts.heldout)))
+    train_reqs, held_reqs = requests[:-n_held], requests[-n_held:]
+    model = reference_from_gguf(drafter_path, target.gguf)
+    layers = model.cfg.target_layers
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sets = {}
+    for name, reqs in (("train", train_reqs), ("heldout", held_reqs), ("general", list(general))):
+        if progress is not None:
+            progress(f"features: {name}", 0, len(reqs))
+        seqs = request_sequences(target, layers, reqs, max_answer=opts.max_answer)
+        sets[name] = feature_data(seqs, model.d2t.numpy(), target.gguf.vocab_size, work, name)
+    extract_s = time.perf_counter() - t0
+
+    def score(m: Any, name: str) -> float | None:
+        data = sets[name]
+        return simulated_acceptance(m, data, opts.ttt_steps)["tau"] if data.seqs else None
+
+    base = copy.deepcopy(model)
+    tau_before, general_before = score(base, "heldout") or 0.0, score(base, "general")
+    torch.manual_seed(opts.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup))
+    rng = np.random.default_rng(opts.seed)
+    train_tokens = sum(len(a) for _, a in train_reqs)
+    history: list[dict[str, Any]] = [{"step": 0, "tokens_seen": 0, "tau": tau_before}]
+    step, seen, t1 = 0, 0, time.perf_counter()
+    deadline = t1 + 60.0 * opts.minutes
+    eval_every = max(1, opts.steps // 6)
+    model.train()
+    while sets["train"].seqs and step < opts.steps:
+        for batch in sets["train"].batches(opts.batch_rows, rng):
+            if step >= opts.steps or time.perf_counter() >= deadline or (should_stop is not None and should_stop()):
+                break
+            loss, _, _ = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
+            optim.step()
+            sched.step()
+            step += 1
+            seen += int(batch.valid.sum())
+            if progress is not None:
+                progress("train", step, opts.steps)
+            if step % eval_every == 0:
+                history.append({"step": step, "tokens_seen": seen, "tau": score(model, "heldout")})
+        else:
+            continue
+        break
+    train_s = time.perf_counter() - t1
+    model.eval()
+    tau_after, general_after = score(model, "heldout") or 0.0, score(model, "general")
+    if history[-1]["step"] != step:
+        history.append({"step": step, "tokens_seen": seen, "tau": tau_after})
+    if step == 0:
+        accepted, reason = False, "no training step ran"
+    elif tau_after <= tau_before * (1 + opts.min_gain):
+        accepted, reason = False, (f"tau on the held-out requests did not rise enough ({tau_before:.3f} -> "
+                                   f"{tau_after:.3f})")
+    elif general_before is not None and general_after is not None and \
+            general_after < general_before * (1 - opts.general_margin):
+        accepted, reason = False, (f"tau on the general set fell beyond {opts.general_margin:.0%} "
+                                   f"({general_before:.3f} -> {general_after:.3f})")
+    else:
+        accepted, reason = True, f"tau on the held-out requests {tau_before:.3f} -> {tau_after:.3f}"
+    result = AdaptResult(accepted, reason, tau_before, tau_after, general_before, general_after,
+                         len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
+                         round(extract_s, 2), history)
+    return result, model
+
+
+def model_weights(model: Any) -> dict[str, np.ndarray]:
+    """A reference model's weights as the GGUF writer takes them (reference names, numpy)."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if name == "target_embed":
+            continue
+        t = t.detach().cpu()
+        out[name] = t.float().numpy() if t.is_floating_point() else t.numpy()
+    return out

@@ -1,0 +1,103 @@
+"""`edge-eagle learn adapt`: one adaptation of a store's drafter on the requests it has kept.
+
+The starting weights are the version in use (versions.py; the base drafter before the first).
+The general set that guards against forgetting is the first `general_prompts` MT-bench first
+turns, answered by the target (greedy, 96 tokens), kept as token ids in the store's folder
+(general.json) so every later adaptation is scored on the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import EdgeEagleError
+from ..fsutil import atomic_write
+from .adapt import AdaptOptions, Request, adapt, model_weights
+from .store import LearnStore
+from .versions import Versions
+
+GENERAL = "general.json"
+GENERAL_TOKENS = 96
+
+
+def general_requests(store_dir: Path, target_path: str | os.PathLike[str], n: int,
+                     log: Callable[[str], Any] = print) -> list[Request]:
+    """The store's fixed general set (made on first use: MT-bench first turns and the target's answers)."""
+    if n <= 0:
+        return []
+    path = store_dir / GENERAL
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if len(data) >= n:
+            return [(r["prompt"], r["answer"]) for r in data[:n]]
+    from ..api import EdgeEagle
+    from ..bench.prompts import load_prompts
+
+    log(f"answering {n} MT-bench prompts with the target for the general set (once per store)")
+    out = []
+    with EdgeEagle(target_path, None, n_ctx=2048) as ee:
+        for p in load_prompts("mtbench", n):
+            text = ee.apply_chat_template([{"role": "user", "content": p.text}])
+            ids = ee.target.tokenize(text, add_special=False)
+            answer = ee.generate(ids, max_tokens=GENERAL_TOKENS, speculative=False, history=False).result()
+            out.append({"prompt": ids, "answer": answer.tokens})
+    atomic_write(path, json.dumps(out) + "\n")
+    return [(r["prompt"], r["answer"]) for r in out]
+
+
+def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.PathLike[str], store: LearnStore,
+                opts: AdaptOptions, *, general_prompts: int = 16, out: str | os.PathLike[str] | None = None,
+                outtype: str = "q8_0", progress: bool = True, log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Adapt the drafter in use for this store on its requests; keep the candidate as the next
+    version (and write it to `out` too) only when adapt() accepts it. Returns the report."""
+    from edge_eagle.converters.gguf_out import write_eagle3
+
+    from ..target import Target
+
+    versions = Versions(store.directory)
+    start = versions.current_path() or Path(base_drafter)
+    requests = [(p, a) for p, a, _ in store.requests()]
+    if len(requests) < 2:
+        raise EdgeEagleError(f"Adapting needs at least 2 kept requests and the store holds {len(requests)}; "
+                             "use chat or serve with --learn for a while first.")
+    general = general_requests(store.directory, target_path, general_prompts, log)
+    longest = max(len(p) + min(len(a), opts.max_answer) for p, a in requests + general)
+    target = Target(target_path, n_ctx=max(64, longest + 8), n_batch=512)
+    bar = None
+    try:
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=opts.steps, desc="adapt", unit="step")
+
+        def report(phase: str, done: int, total: int) -> None:
+            if bar is not None:
+                bar.set_postfix_str(phase)
+                if phase == "train":
+                    bar.update(done - bar.n)
+
+        result, model = adapt(target, start, requests, store.directory / "work", opts, general=general,
+                              progress=report)
+        if bar is not None:
+            bar.close()
+        version = versions.current
+        written = None
+        if result.accepted:
+            def write(path: Path) -> None:
+                write_eagle3(path, model_weights(model), model.cfg, target.gguf, outtype=outtype,
+                             provenance={"adapted_from": os.path.basename(start), "learn_store": str(store.path)},
+                             name="eagle3 drafter (adapted)")
+
+            version, written = versions.add(write, {"tau_before": result.tau_before, "tau_after": result.tau_after,
+                                                    "general_before": result.general_before,
+                                                    "general_after": result.general_after,
+                                                    "requests": result.train_requests})
+            if out is not None:
+                write(Path(out))
+    finally:
+        target.close()
+    return {**result.to_dict(), "started_from": str(start), "version": version,
+            "written": None if written is None else str(written), "out": str(out) if out and written else None}

@@ -1,0 +1,152 @@
+"""Adaptation on kept requests: on a narrow synthetic domain it raises simulated and measured
+acceptance on unseen prompts of that domain; a candidate that scores worse is not kept; versions
+swap between requests without changing greedy output, roll back, and survive a kill mid-write."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from edge_eagle.converters.gguf_out import write_eagle3
+
+from edge_eagle import EdgeEagle
+from edge_eagle.checks.reference import random_reference
+from edge_eagle.gguf_file import read_gguf
+from edge_eagle.learn import LearnStore, Versions, store_dir
+from edge_eagle.learn.adapt import AdaptOptions
+from edge_eagle.learn.run import adapt_store
+from tests.tiny_models import drafter_config, reference_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+
+
+def _prompts(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["Count: " + " ".join(rng.choice(WORDS) for _ in range(6)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def domain(tmp_path_factory, tiny_target):
+    """A drafter for the tiny target whose draft vocabulary covers the domain's answers (as one
+    trained on that domain's text would), with random weights: it accepts almost nothing yet."""
+    d = tmp_path_factory.mktemp("adapt")
+    seen, unseen = _prompts(1, 24), _prompts(2, 6)
+    with EdgeEagle(tiny_target, None, n_ctx=256) as ee:
+        answers = {p: ee.generate(p, max_tokens=24).result().tokens for p in seen + unseen}
+    target = read_gguf(tiny_target)
+    domain_tokens = {t for a in answers.values() for t in a}
+    vocab = sorted(domain_tokens | set(range(1000, 1000 + 2048 - len(domain_tokens))))
+    cfg = drafter_config(target, len(vocab), fc_norm=True, norm_output=True)
+    model = random_reference(cfg, seed=5, embed=torch.from_numpy(target.tensor_array("token_embd.weight")),
+                             d2t=torch.tensor(vocab))
+    base = write_eagle3(d / "base.gguf", reference_weights(model), cfg, target)
+    return {"dir": d, "base": base, "seen": seen, "unseen": unseen, "answers": answers}
+
+
+@pytest.fixture
+def learn_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_EAGLE_LEARN_DIR", str(tmp_path / "learn"))
+    return tmp_path / "learn"
+
+
+def _use(tiny_target, drafter, prompts, learn=False):
+    """Serve the prompts greedily at k = 3; (texts, mean tau, the engine's drafter version)."""
+    with EdgeEagle(tiny_target, drafter, k=3, n_ctx=256, learn=learn) as ee:
+        gens = [ee.generate(p, max_tokens=24).result() for p in prompts]
+        return [g.tokens for g in gens], sum(g.stats.tau for g in gens) / len(gens), ee.drafter_version
+
+
+def test_adaptation_raises_acceptance_on_unseen_prompts_and_keeps_output_lossless(tiny_target, domain,
+                                                                                   learn_root):
+    texts, _, _ = _use(tiny_target, domain["base"], domain["seen"], learn=True)  # the user's stream, kept
+    assert texts == [domain["answers"][p] for p in domain["seen"]]
+    store = LearnStore(store_dir(tiny_target, domain["base"]))
+    assert len(list(store.requests())) == len(domain["seen"])
+    report = adapt_store(tiny_target, domain["base"], store, AdaptOptions(steps=60, lr=2e-3, batch_rows=512),
+                         general_prompts=0, progress=False)
+    assert report["accepted"] and report["version"] == 1, report
+    assert report["tau_after"] > report["tau_before"] + 0.3  # simulated, on the newest requests held out
+    before = _use(tiny_target, domain["base"], domain["unseen"])
+    after = _use(tiny_target, domain["base"], domain["unseen"], learn=True)  # --learn runs version 1
+    assert after[2] == 1 and before[2] == 0
+    assert after[1] > before[1] + 0.3, (before[1], after[1])  # measured through llama.cpp, unseen prompts
+    assert after[0] == before[0] == [domain["answers"][p] for p in domain["unseen"]]  # greedy = plain decoding
+    assert Versions(store.directory).rollback() == 0
+    assert _use(tiny_target, domain["base"], domain["unseen"][:1], learn=True)[2] == 0
+
+
+def test_a_candidate_that_scores_worse_is_not_kept(tiny_target, domain, learn_root):
+    _use(tiny_target, domain["base"], domain["seen"][:8], learn=True)
+    store = LearnStore(store_dir(tiny_target, domain["base"]))
+    report = adapt_store(tiny_target, domain["base"], store, AdaptOptions(steps=5, lr=0.0), general_prompts=0,
+                         progress=False)
+    assert not report["accepted"] and "did not rise" in report["reason"]
+    assert Versions(store.directory).current == 0 and not (store.directory / "versions").exists()
+
+
+def test_a_swap_between_requests_keeps_greedy_output(tiny_target, domain, tmp_path):
+    from edge_eagle.learn.adapt import model_weights
+    from edge_eagle.learn.weights import reference_from_gguf
+
+    other = reference_from_gguf(domain["base"], tiny_target)
+    with torch.no_grad():
+        other.fc.weight.mul_(0.5)  # another drafter of the same shape
+    path = write_eagle3(tmp_path / "other.gguf", model_weights(other), other.cfg, read_gguf(tiny_target))
+    prompts = domain["unseen"][:3]
+    with EdgeEagle(tiny_target, domain["base"], k=3, n_ctx=256) as ee:
+        first = [ee.generate(p, max_tokens=24).result().tokens for p in prompts]
+        ee.auto_controller()
+        ee.swap_drafter(path)
+        assert ee.drafter_version == 1 and ee.controller is None  # acceptance is estimated afresh
+        second = [ee.generate(p, max_tokens=24).result().tokens for p in prompts]
+    assert first == second == [domain["answers"][p] for p in prompts]
+
+
+_KILLED_WRITE = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from edge_eagle.fsutil import atomic_path
+    from edge_eagle.learn import Versions
+
+    def write(path):
+        with atomic_path(path, suffix=".part") as tmp:
+            tmp.write_bytes(b"GGUF" + b"half a drafter")
+            os._exit(9)  # killed mid-write
+
+    Versions({store!r}).add(write, {{}})
+""")
+
+
+def test_a_kill_while_a_version_is_written_leaves_a_loadable_drafter(tiny_target, domain, tmp_path):
+    store = tmp_path / "store"
+    versions = Versions(store)
+    n, first = versions.add(lambda p: p.write_bytes(Path(domain["base"]).read_bytes()), {"note": "v1"})
+    code = _KILLED_WRITE.format(root=str(ROOT), store=str(store))
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 9
+    assert versions.current == 1 and versions.current_path() == first
+    assert json.loads((store / "current.json").read_text())["current"] == 1
+    prompt = domain["unseen"][0]
+    with EdgeEagle(tiny_target, versions.current_path(), k=3, n_ctx=256) as ee:  # loads
+        assert ee.generate(prompt, max_tokens=8).result().tokens == domain["answers"][prompt][:8]
+
+
+def test_the_learn_command_adapts_and_rolls_back(tiny_target, domain, learn_root, capsys):
+    from edge_eagle.cli import main
+
+    _use(tiny_target, domain["base"], domain["seen"], learn=True)
+    pair = ["--target", str(tiny_target), "--drafter", str(domain["base"])]
+    assert main(["learn", "adapt", *pair, "--steps", "60", "--lr", "2e-3", "--general-prompts", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["accepted"] and report["version"] == 1 and Path(report["written"]).is_file()
+    assert main(["learn", "rollback", *pair, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"version": 0}
+    assert main(["learn", "rollback", *pair]) == 2  # nothing earlier: one sentence, exit code 2
+    assert "base drafter is already in use" in capsys.readouterr().err
+    assert main(["learn", "adapt", "--target", str(tiny_target), "--drafter", "none"]) == 2
