@@ -87,12 +87,14 @@ def decide(cores: int, other_load: float | None, forced: int | None = None,
 class LoadMeter:
     """Other programs' CPU use on this process's cores, in cores (0.0 idle, 1.0 one busy core),
     between two calls of sample(): /proc/stat's busy time of those cores minus this process's
-    own CPU time. None where /proc/stat is missing (macOS, Windows) or does not list the cores."""
+    own CPU time and its finished children's (a tool it ran and waited for, such as bench's
+    llama.cpp runners, is its own work). None where /proc/stat is missing (macOS, Windows) or
+    does not list the cores."""
 
     def __init__(self, stat_path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic,
                  own_cpu: Callable[[], float] | None = None):
         self.stat_path, self.clock = stat_path, clock
-        self.own_cpu = own_cpu or (lambda: sum(os.times()[:2]))
+        self.own_cpu = own_cpu or (lambda: sum(os.times()[:4]))  # user, system, children's user and system
         try:
             self.cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         except (AttributeError, OSError):

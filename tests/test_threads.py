@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 
@@ -57,6 +58,15 @@ def test_the_meter_subtracts_this_process_from_the_cores_busy_time(tmp_path, mon
     clock[0] += 1.0  # an idle second
     assert meter.sample() == pytest.approx(0.0)
     assert LoadMeter(str(tmp_path / "missing")).sample() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the load meter reads /proc/stat")
+def test_a_child_process_this_one_waited_for_is_not_another_programs_load():
+    meter = LoadMeter()
+    subprocess.run([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"],
+                   check=True, timeout=60)
+    load = meter.sample()
+    assert load is not None and load < 0.6  # the child's second of CPU is this process's own work
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the load meter reads /proc/stat")
