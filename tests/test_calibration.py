@@ -11,7 +11,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from edge_eagle import EdgeEagle, api, calibration
+from edge_eagle import EdgeEagle, calibration, engine_costs
 from edge_eagle.costs import BatchCosts, measure_batch_costs, measure_context_costs
 from edge_eagle.server import create_app
 from edge_eagle.threads import LoadMeter
@@ -37,7 +37,7 @@ def test_a_calibration_is_cached_per_model_and_thread_count_and_reused(tiny_targ
     entries = json.loads(cache.read_text())["entries"]
     assert len(entries) == 1 and json.loads(next(iter(entries)))["threads"] == 2
     with monkeypatch.context() as m:
-        m.setattr(api, "measure_context_costs", _no_measuring)
+        m.setattr(engine_costs, "measure_context_costs", _no_measuring)
         with EdgeEagle(tiny_target, None, n_threads=2) as second:
             assert second.calibrate().verify_s == costs and second.calibration["source"] == "cache"
     with EdgeEagle(tiny_target, None, n_threads=1) as other:  # another thread count: measured again
@@ -129,7 +129,7 @@ def test_a_cached_calibration_is_ready_at_once_and_re_checked_when_idle(tiny_tar
         return recheck(should_stop)
 
     engine.recheck_costs = recorded
-    monkeypatch.setattr(api, "measure_context_costs", _no_measuring)  # ready from the cache ...
+    monkeypatch.setattr(engine_costs, "measure_context_costs", _no_measuring)  # ready from the cache ...
     app = create_app(engine)
     try:
         assert app.state.server.worker.ready.wait(30)

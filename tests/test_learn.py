@@ -63,7 +63,10 @@ def test_the_store_keeps_under_its_cap_by_dropping_the_oldest(tmp_path):
     assert [p[0] for p, _, _ in kept] == list(range(20, 30))  # the newest ten, oldest first
     assert not store.add([1] * 60, [2] * 41)  # longer than the cap alone: not kept, nothing dropped
     assert len(list(store.requests())) == 10
+    (tmp_path / "s" / "work").mkdir()
+    (tmp_path / "s" / "work" / "train.npz").write_bytes(b"features of the requests")
     assert store.reset() == 10 and not list(store.requests())
+    assert not (tmp_path / "s" / "work").exists()  # what adaptation derived from them goes too
 
 
 def test_a_damaged_store_is_set_aside_and_started_afresh(tmp_path):

@@ -9,10 +9,13 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from edge_eagle.converters import convert
 from edge_eagle.converters.gguf_out import write_eagle3
 
 from edge_eagle import EdgeEagle
@@ -21,6 +24,7 @@ from edge_eagle.gguf_file import read_gguf
 from edge_eagle.learn import LearnStore, Versions, store_dir
 from edge_eagle.learn.adapt import AdaptOptions
 from edge_eagle.learn.run import adapt_store
+from edge_eagle.learn.weights import read_drafter
 from tests.tiny_models import drafter_config, reference_weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +141,7 @@ def test_a_kill_while_a_version_is_written_leaves_a_loadable_drafter(tiny_target
         assert ee.generate(prompt, max_tokens=8).result().tokens == domain["answers"][prompt][:8]
 
 
-def test_the_learn_command_adapts_and_rolls_back(tiny_target, domain, learn_root, capsys):
+def test_the_learn_command_adapts_exports_and_rolls_back(tiny_target, domain, learn_root, capsys, tmp_path):
     from edge_eagle.cli import main
 
     _use(tiny_target, domain["base"], domain["seen"], learn=True)
@@ -145,8 +149,102 @@ def test_the_learn_command_adapts_and_rolls_back(tiny_target, domain, learn_root
     assert main(["learn", "adapt", *pair, "--steps", "60", "--lr", "2e-3", "--general-prompts", "0", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["accepted"] and report["version"] == 1 and Path(report["written"]).is_file()
+    # the version in use as a speculators checkpoint, which converts back to the same drafter
+    ckpt = tmp_path / "speculators"
+    assert main(["learn", "export", *pair, "--speculators", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == 1
+    assert json.loads((ckpt / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    convert(ckpt, tiny_target, tmp_path / "back.gguf", outtype="f32", log=lambda s: None)
+    _, got = read_drafter(tmp_path / "back.gguf", tiny_target)
+    _, want = read_drafter(report["written"], tiny_target)
+    for name, w in want.items():
+        assert np.allclose(got[name], w, atol=1e-6), name
     assert main(["learn", "rollback", *pair, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"version": 0}
     assert main(["learn", "rollback", *pair]) == 2  # nothing earlier: one sentence, exit code 2
     assert "base drafter is already in use" in capsys.readouterr().err
     assert main(["learn", "adapt", "--target", str(tiny_target), "--drafter", "none"]) == 2
+
+
+def _wait(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's state in /proc")
+def test_the_server_adapts_when_idle_stops_for_a_request_and_swaps_between_requests(tiny_target, domain,
+                                                                                      learn_root):
+    from fastapi.testclient import TestClient
+
+    from edge_eagle.server import ServerOptions, create_app
+
+    engine = EdgeEagle(tiny_target, domain["base"], k=3, n_ctx=256, learn=True)
+    app = create_app(engine, ServerOptions(learn_idle_s=1.5, learn_min_new=10, learn_steps=80, learn_lr=2e-3))
+    state = app.state.server
+    assert state.adapter is not None
+    state.adapter.general_prompts = 0  # no MT-bench set for the tiny target's random text
+    try:
+        http = TestClient(app)
+        assert state.worker.ready.wait(60) and state.adapter is not None
+
+        def complete(prompt: str) -> dict:
+            r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0})
+            assert r.status_code == 200
+            return r.json()
+
+        for p in domain["seen"][:12]:
+            complete(p)
+        _wait(lambda: state.adapter.state == "training", 30, "the background adaptation to start")
+        child = state.adapter._child
+        assert child is not None
+        t0 = time.monotonic()
+        body = complete(domain["unseen"][0])  # arrives mid-training
+        took = time.monotonic() - t0
+        assert _process_state(child.pid) == "T"  # stopped while a request ran, and still, until idle again
+        assert body["edge_eagle"]["drafter_version"] == 0 and took < 10
+        assert body["choices"][0]["text"] == engine.target.detokenize(domain["answers"][domain["unseen"][0]])
+        _wait(lambda: state.adapter.reports, 180, "the adaptation to finish")
+        report = state.adapter.reports[-1]
+        assert report["accepted"], report
+        _wait(lambda: engine.drafter_version == 1, 30, "the swap")
+        for p in domain["unseen"]:
+            body = complete(p)
+            assert body["edge_eagle"]["drafter_version"] == 1
+            assert body["choices"][0]["text"] == engine.target.detokenize(domain["answers"][p])  # greedy = plain
+        assert http.get("/health").json()["learn"]["drafter_version"] == 1
+        assert "edge_eagle:drafter_version 1.0" in http.get("/metrics").text
+    finally:
+        state.close()
+        engine.close()
+
+
+def test_learning_from_files_before_any_use(tiny_target, domain, learn_root, tmp_path, capsys):
+    from edge_eagle.cli import main
+
+    with EdgeEagle(tiny_target, None, n_ctx=256) as ee:
+        texts = {p: ee.target.detokenize(domain["answers"][p]) for p in domain["seen"]}
+    asked = tmp_path / "asked.jsonl"  # prompts with the answers the user got
+    asked.write_text("".join(json.dumps({"prompt": p, "answer": texts[p]}) + "\n" for p in domain["seen"]))
+    bare = tmp_path / "bare.jsonl"  # prompts alone: the target writes the answers
+    bare.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in domain["unseen"][:2]))
+    pair = ["--target", str(tiny_target), "--drafter", str(domain["base"])]
+    assert main(["learn", "--from", str(bare), *pair]) == 2  # prompts without answers need --regenerate
+    assert "--regenerate" in capsys.readouterr().err
+    code = tmp_path / "src"
+    code.mkdir()
+    (code / "tool.py").write_text("def add(a, b):\n    return a + b\n" * 20)
+    (code / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    out = tmp_path / "mine.gguf"
+    assert main(["learn", "--from", str(code), str(bare), str(asked), *pair, "--regenerate", "-n", "24",
+                 "--steps", "60", "--lr", "2e-3", "--general-prompts", "0", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["from_requests"] == 1 + 2 + len(domain["seen"]) and report["regenerated"] == 2
+    assert report["skipped"] == [str(code / "blob.bin")]
+    assert report["accepted"] and out.is_file(), report["reason"]
+    assert len(list(LearnStore(store_dir(tiny_target, domain["base"])).requests())) == report["from_requests"]

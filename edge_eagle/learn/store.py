@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import time
 from array import array
@@ -42,6 +43,7 @@ log = logging.getLogger("edge_eagle.learn")
 DEFAULT_MAX_TOKENS = LEARN_TOKENS
 BUSY_TIMEOUT_S = 30.0
 DB_NAME = "requests.sqlite"
+WORK = "work"  # adaptation's features of the requests (learn/adapt.py): derived from the text
 META_NAME = "store.json"
 
 _SCHEMA = """
@@ -179,11 +181,13 @@ class LearnStore:
             db.execute("DELETE FROM requests WHERE id <= ?", (last,))
 
     def reset(self) -> int:
-        """Forget every stored request; returns how many there were."""
+        """Forget every stored request, and the features adaptation extracted from them (work/);
+        returns how many requests there were. Adapted drafter versions stay (learn rollback)."""
         with closing(self._connect()) as db:
             n = db.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
             db.execute("DELETE FROM requests")
             db.execute("VACUUM")
+        shutil.rmtree(self.directory / WORK, ignore_errors=True)
         return int(n)
 
     # --- reading ----------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def figures(state: ServerState, job: Job) -> dict[str, Any]:
     gen = job.generation
     if gen is None:
         return responses.unstarted_report(len(job.tokens))
-    return responses.report(gen.stats.to_dict(), len(gen.tokens), state.drafter_name, state.options.k)
+    drafter = gen.drafter_name if gen.drafter_name != "none" else state.drafter_name
+    return responses.report(gen.stats.to_dict(), len(gen.tokens), drafter, state.options.k, gen.drafter_version)
 
 
 def job_finish_reason(job: Job) -> str:

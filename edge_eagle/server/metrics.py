@@ -32,6 +32,8 @@ class Metrics:
         self.generation_tokens = Counter("edge_eagle:generation_tokens", "Generated tokens", registry=r)
         self.running = Gauge("edge_eagle:num_requests_running", "Generations running", registry=r)
         self.waiting = Gauge("edge_eagle:num_requests_waiting", "Generations queued", registry=r)
+        self.drafter_version = Gauge("edge_eagle:drafter_version",
+                                     "The adapted drafter version in use (0: as given; --learn)", registry=r)
 
     def record(self, stats: SpecStats, completion_tokens: int, finish_reason: str) -> None:
         self.num_drafts.inc(stats.draft_steps)

@@ -59,9 +59,10 @@ def usage(stats: Stats, completion_tokens: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats["prompt_cached_tokens"]}}
 
 
-def edge_eagle_stats(stats: Stats, drafter: str, k: int | str | None) -> dict[str, Any]:
+def edge_eagle_stats(stats: Stats, drafter: str, k: int | str | None, drafter_version: int = 0) -> dict[str, Any]:
     """The acceptance figures of one generation."""
-    return {"drafter": drafter, "k": k, "k_mean": stats["k_mean"], "tau": stats["tau"],
+    return {"drafter": drafter, "drafter_version": drafter_version, "k": k, "k_mean": stats["k_mean"],
+            "tau": stats["tau"],
             "drafted": stats["drafted"], "accepted": stats["accepted"], "verify_steps": stats["verify_steps"],
             "acceptance_rate": stats["acceptance_rate"],
             "per_position_acceptance": list(stats["per_position_acceptance"]),
@@ -78,9 +79,11 @@ def timings(stats: Stats, completion_tokens: int) -> dict[str, Any]:
             "draft_n": stats["drafted"], "draft_n_accepted": stats["accepted"]}
 
 
-def report(stats: Stats, completion_tokens: int, drafter: str, k: int | str | None) -> dict[str, Any]:
+def report(stats: Stats, completion_tokens: int, drafter: str, k: int | str | None,
+           drafter_version: int = 0) -> dict[str, Any]:
     """`usage`, `edge_eagle` and `timings` of a generation that ran."""
-    return {"usage": usage(stats, completion_tokens), "edge_eagle": edge_eagle_stats(stats, drafter, k),
+    return {"usage": usage(stats, completion_tokens), "edge_eagle": edge_eagle_stats(stats, drafter, k,
+                                                                                   drafter_version),
             "timings": timings(stats, completion_tokens)}
 
 

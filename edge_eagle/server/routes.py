@@ -34,7 +34,13 @@ async def health(state: ServerState = Depends(get_state)) -> Any:
     learn: dict[str, Any] = {"on": False}
     if store is not None:  # what --learn has kept (a count over the store: well under a millisecond)
         kept = store.status()
-        learn = {"on": True, "path": kept["path"], "requests": kept["requests"], "tokens": kept["tokens"]}
+        learn = {"on": True, "path": kept["path"], "requests": kept["requests"], "tokens": kept["tokens"],
+                 "drafter_version": state.engine.drafter_version}
+        if state.adapter is not None:
+            last = state.adapter.reports[-1] if state.adapter.reports else None
+            learn["adaptation"] = {"state": state.adapter.state, "runs": len(state.adapter.reports),
+                                   "last": None if last is None else {k: last.get(k) for k in (
+                                       "accepted", "reason", "tau_before", "tau_after", "version")}}
     body = responses.health(state.model_id, worker.running, worker.admitted - worker.running,
                             ready=worker.ready.is_set(), calibration=state.engine.calibration, learn=learn)
     if not worker.ready.is_set():

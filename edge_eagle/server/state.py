@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from dataclasses import dataclass
 
 from fastapi import Request
 
 from ..api import EdgeEagle
+from ..learn.idle import IdleAdapter
 from .metrics import Metrics
 from .responses import finish_reason
 from .worker import Job, Worker
@@ -24,6 +26,10 @@ class ServerOptions:
     retry_after_s: int = 2
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     strict_model: bool = False  # True: a request naming another model gets 404 (else any name serves this one)
+    learn_idle_s: float = 5.0  # with --learn: adapt the drafter after this long without requests (0: never)
+    learn_min_new: int = 16  # ... once this many more requests are kept than at the last adaptation
+    learn_steps: int = 300  # training steps per adaptation
+    learn_lr: float = 2e-4  # its learning rate
 
 
 class ServerState:
@@ -37,10 +43,21 @@ class ServerState:
         self.engine = engine
         self.options = opts
         self.metrics = Metrics()
+        self.metrics.drafter_version.set(engine.drafter_version)
         self.model_id = os.path.basename(engine.target.path).removesuffix(".gguf")
-        self.drafter_name = engine.drafter.name if engine.drafter is not None else "none"
+        #: adaptation in idle time (learn/idle.py): with a learning engine, an eagle3 drafter and learn_idle_s
+        self.adapter: IdleAdapter | None = None
+        if engine.learn_store is not None and engine.learn_base is not None and opts.learn_idle_s > 0 \
+                and hasattr(signal, "SIGSTOP"):
+            self.adapter = IdleAdapter(engine, engine.learn_base, idle_s=opts.learn_idle_s,
+                                       min_new=opts.learn_min_new, steps=opts.learn_steps, lr=opts.learn_lr)
         self.worker = Worker(engine, opts.max_queue, on_finish=self._finished, on_change=self._queue_changed,
                              prepare=self._prepare, idle_task=self._recheck)
+
+    @property
+    def drafter_name(self) -> str:
+        """The engine's drafter now (an adapted version replaces it between requests)."""
+        return self.engine.drafter.name if self.engine.drafter is not None else "none"
 
     def _prepare(self) -> None:
         """Before ready: the batch costs, measured or from the calibration cache."""
@@ -59,14 +76,19 @@ class ServerState:
         # Prometheus tells a client that left ("abort") from one that was served
         reason = "abort" if gen.finish_reason == "cancelled" else finish_reason(gen.finish_reason)
         self.metrics.record(gen.stats, len(gen.tokens), reason)
+        self.metrics.drafter_version.set(gen.drafter_version)
 
     def _queue_changed(self, running: int, waiting: int) -> None:
         self.metrics.running.set(running)
         self.metrics.waiting.set(waiting)
+        if self.adapter is not None:  # a request admitted: background adaptation stops at once
+            self.adapter.activity(running + waiting)
 
     def close(self) -> None:
-        """Stop the worker (after the job it runs); the engine stays open."""
+        """Stop the worker (after the job it runs) and any background adaptation; the engine stays open."""
         self.worker.close()
+        if self.adapter is not None:
+            self.adapter.close()
 
 
 def get_state(request: Request) -> ServerState:

@@ -1,0 +1,111 @@
+"""The engine's batch costs (mixed into api.EdgeEagle): c(n) measured at two contexts or taken
+from the calibration cache, re-checked in the background, and measured again when the thread
+count, the machine's speed or the controller's trust says they are stale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import calibration
+from .costs import CONTEXT_SPAN, BatchCosts, CostModel, measure_context_costs
+from .threads import LoadMeter, decide
+
+
+class EngineCosts:
+    """Needs target, threads, governor, controller, costs, calibration, _costs_stale,
+    cost_n_max and _acquire() from the engine."""
+
+    target: Any
+    threads: Any
+    governor: Any
+    controller: Any
+    costs: CostModel | None
+    calibration: dict[str, object]
+    _costs_stale: bool
+
+    def _acquire(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def cost_n_max(self) -> int:
+        raise NotImplementedError
+
+    def calibrate(self, *, use_cache: bool = True, progress=None, should_stop=None) -> CostModel:
+        """Measure the target's batch costs c(n) at the current thread count, or take them from
+        the calibration cache (calibration.py); the controller and the governor use them. Runs
+        after the cached prompt, which stays. Measured while other programs leave the cores
+        idle, they are cached for the next start. Raises nothing when should_stop() ends it
+        early: the costs in use stay (a first calibration then runs to the end)."""
+        threads = self.target.n_threads
+        cache_key = calibration.key(self.target, threads, self.cost_n_max)
+        costs = calibration.load(cache_key) if use_cache else None
+        source = "cache"
+        if costs is None:
+            measured = self._measure_costs(should_stop if self.costs is not None else None, progress)
+            if measured is None:
+                assert self.costs is not None
+                return self.costs
+            costs, idle = measured
+            source = "measured"
+            if idle:
+                calibration.store(cache_key, costs)
+        self._use_costs(costs, source, threads)
+        assert self.costs is not None
+        return self.costs
+
+    def _measure_costs(self, should_stop=None, progress=None) -> tuple[BatchCosts, bool] | None:
+        """c(n) measured now after the cached prompt and again a span of context later, and
+        whether other programs left the cores idle meanwhile (only then is it worth caching);
+        None when should_stop() ended it."""
+        meter = LoadMeter()
+        costs = measure_context_costs(self.target, self.cost_n_max, keep=len(self.target.memory.tokens) or None,
+                                      should_stop=should_stop, progress=progress)
+        if costs is None:
+            return None
+        load = meter.sample()
+        return costs, load is not None and decide(self.threads.cores, load).reason == "idle"
+
+    def _use_costs(self, costs: BatchCosts, source: str, threads: int) -> None:
+        if self.costs is None:
+            self.costs = CostModel.from_measured(costs)
+        else:
+            self.costs.calibrate(costs)
+        if self.governor is not None:
+            self.governor.calibrated(costs.verify_s[1], threads)
+        self.calibration = {"source": source, "threads": threads, "context": costs.context,
+                            "one_token_ms": round(costs.verify_s[1] * 1e3, 3),
+                            "one_token_ms_per_1k_context": round(costs.slope_s.get(1, 0.0) * 1e6, 3)}
+        self._costs_stale = False
+
+    def recheck_costs(self, should_stop=None) -> bool | None:
+        """Measure c(n) again (the background re-check of a cached calibration): True when they
+        moved beyond calibration.differs()'s tolerance and were replaced, False when the cache
+        holds, None when should_stop() ended it. Takes the engine's lock."""
+        with self._acquire():
+            if self.costs is None:
+                self.calibrate()
+                return True
+            threads = self.target.n_threads
+            measured = self._measure_costs(should_stop)
+            if measured is None:
+                return None
+            fresh, idle = measured
+            far = fresh.context + CONTEXT_SPAN  # the slopes, compared where they matter
+            if not (calibration.differs(self.costs.seconds_at(fresh.context), fresh.verify_s)
+                    or calibration.differs(self.costs.seconds_at(far), CostModel.from_measured(fresh).seconds_at(far))):
+                return False
+            self._use_costs(fresh, "re-checked", threads)
+            if idle:
+                calibration.store(calibration.key(self.target, threads, self.cost_n_max), fresh)
+            return True
+
+    def prepare_costs(self) -> None:
+        """Before a generation that needs them: batch costs measured or cached, and measured
+        again when the thread count changed, the single-token step moved (CostModel.shifted) or the
+        controller found its cost predictions wrong (KController.suspect)."""
+        suspect = self.controller is not None and self.controller.suspect
+        if self.costs is None or self._costs_stale or self.costs.shifted or suspect:
+            self.calibrate(use_cache=self.costs is None or (self._costs_stale and not suspect))
+            if self.controller is not None:
+                self.controller.recalibrated()
+

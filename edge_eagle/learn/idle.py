@@ -1,0 +1,148 @@
+"""Adapting in idle time (`serve --learn`): a child process runs one `learn adapt` while no request
+is active, stopped the moment one arrives, and an accepted version is swapped in between requests.
+
+- **When:** no request has been admitted for `idle_s` seconds and the store holds at least
+  `min_new` requests more than at the last adaptation.
+- **How:** `python -m edge_eagle.learn.child`, niced (`nice`) with at most `threads` threads
+  (torch's and llama.cpp's), writing its report to a file and its messages to adapt.log.
+- **Yielding:** when a request is admitted, the child gets SIGSTOP at once: it stops mid-step,
+  holding its memory but no core, so the request waits for nothing. It gets SIGCONT after
+  `idle_s` seconds without requests. (Where there is no SIGSTOP, on Windows, nothing runs in
+  the background: `learn adapt` by hand.)
+- **Swap:** an accepted version becomes the engine's drafter through EdgeEagle.swap_drafter,
+  which waits for the engine's lock: between requests, the target and its caches untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("edge_eagle.learn")
+LOG = "adapt.log"  # the last background adaptation's messages, beside the store
+
+
+class IdleAdapter:
+    def __init__(self, engine: Any, base_drafter: str | os.PathLike[str], *, idle_s: float = 5.0, min_new: int = 16,
+                 threads: int | None = None, nice: int = 10, steps: int = 300, minutes: float = 10.0,
+                 lr: float = 2e-4, general_prompts: int = 16, tick_s: float = 0.2,
+                 clock: Callable[[], float] = time.monotonic):
+        if engine.learn_store is None:
+            raise ValueError("an IdleAdapter needs an engine made with learn=True")
+        self.engine, self.base = engine, Path(base_drafter)
+        self.idle_s, self.min_new, self.nice = idle_s, min_new, nice
+        self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        self.steps, self.minutes, self.lr, self.general_prompts = steps, minutes, lr, general_prompts
+        self.tick_s, self.clock = tick_s, clock
+        self._lock = threading.Lock()
+        self._active = 0  # requests admitted and not finished
+        self._last_activity = clock()
+        self._child: subprocess.Popen | None = None
+        self._paused = False
+        self._report_path: Path | None = None
+        self._learned_at = self._kept()  # requests in the store when the last adaptation started
+        self.reports: list[dict[str, Any]] = []  # every finished adaptation's report, oldest first
+        self.state = "waiting"  # waiting, training, paused
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edge-eagle-learn", daemon=True)
+        self._thread.start()
+
+    def _kept(self) -> int:
+        return int(self.engine.learn_store.status()["requests"])
+
+    # --- called by the server ------------------------------------------------------------------
+
+    def activity(self, active: int) -> None:
+        """The number of requests admitted and not finished changed (the server's queue): with
+        one or more, the child stops at once."""
+        with self._lock:
+            self._active = active
+            self._last_activity = self.clock()
+            if active and self._child is not None and not self._paused and self._child.poll() is None:
+                self._child.send_signal(signal.SIGSTOP)
+                self._paused, self.state = True, "paused"
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self._tick()
+            except Exception as e:  # the server keeps serving whatever happens here
+                log.warning("edge-eagle learn: background adaptation failed (%s); it is tried again later.", e)
+                with self._lock:
+                    self._child, self._paused, self.state = None, False, "waiting"
+
+    def _tick(self) -> None:
+        with self._lock:
+            idle = not self._active and self.clock() - self._last_activity >= self.idle_s
+            child = self._child
+            if child is not None and self._paused and idle:
+                child.send_signal(signal.SIGCONT)
+                self._paused, self.state = False, "training"
+        if child is not None:
+            if child.poll() is not None:
+                self._finished(child)
+            return
+        if idle and self._kept() - self._learned_at >= self.min_new:
+            self._start()
+
+    def _start(self) -> None:
+        store = self.engine.learn_store
+        fd, name = tempfile.mkstemp(prefix="adapt-", suffix=".json", dir=store.directory)
+        os.close(fd)
+        self._report_path = Path(name)
+        self._learned_at = self._kept()
+        cmd = [sys.executable, "-m", "edge_eagle.learn.child", "--target", str(self.engine.target.path),
+               "--drafter", str(self.base), "--store", str(store.directory), "--report", name,
+               "--threads", str(self.threads), "--nice", str(self.nice), "--steps", str(self.steps),
+               "--minutes", str(self.minutes), "--lr", str(self.lr), "--general-prompts", str(self.general_prompts)]
+        with self._lock:
+            if self._active:  # a request came meanwhile: start later
+                return
+            # its messages (llama.cpp logs a lot) go to a file: a pipe nobody reads would block it
+            with open(store.directory / LOG, "wb") as err:
+                self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            self._paused, self.state = False, "training"
+
+    def _finished(self, child: subprocess.Popen) -> None:
+        try:
+            err = (self.engine.learn_store.directory / LOG).read_text(errors="replace").strip()
+        except OSError:
+            err = ""
+        with self._lock:
+            self._child, self._paused, self.state = None, False, "waiting"
+        report: dict[str, Any] = {}
+        if self._report_path is not None and self._report_path.is_file():
+            try:
+                report = json.loads(self._report_path.read_text() or "{}")
+            except ValueError:
+                report = {}
+            self._report_path.unlink(missing_ok=True)
+        if child.returncode != 0 or not report:
+            last = err.splitlines()[-1] if err else f"exit code {child.returncode}"
+            log.warning("edge-eagle learn: a background adaptation ended without a result (%s).", last)
+            return
+        self.reports.append(report)
+        if report.get("accepted") and report.get("written"):
+            self.engine.swap_drafter(report["written"], version=int(report["version"]))  # waits for the lock
+            log.info("edge-eagle learn: drafter version %s in use (tau on held-out requests %.3f -> %.3f).",
+                     report["version"], report["tau_before"], report["tau_after"])
