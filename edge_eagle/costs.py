@@ -139,13 +139,9 @@ class CostModel:
         return cls(verify_s=dict(costs.verify_s), ref_context=costs.context, slope_s=dict(costs.slope_s),
                    context=costs.context)
 
-    def calibrate(self, costs: BatchCosts | Mapping[int, float]) -> None:
-        """Replace the batch costs with a fresh measurement (the windows restart from it); a plain
-        mapping keeps the context slopes in use and says the seconds hold for the current context."""
-        if isinstance(costs, BatchCosts):
-            self.verify_s, self.ref_context, self.slope_s = dict(costs.verify_s), costs.context, dict(costs.slope_s)
-        else:
-            self.verify_s, self.ref_context = dict(costs), self.context
+    def calibrate(self, costs: BatchCosts) -> None:
+        """Replace the batch costs with a fresh measurement (the windows restart from it)."""
+        self.verify_s, self.ref_context, self.slope_s = dict(costs.verify_s), costs.context, dict(costs.slope_s)
         self._seen.clear()
         self._at = None
         self.calibrated_one = self.verify_s.get(1)
@@ -155,7 +151,8 @@ class CostModel:
         return seconds_at(self.verify_s, self.slope_s, self.ref_context, context)
 
     def _here(self) -> dict[int, float]:
-        """seconds_at(self.context), kept while neither the context nor the seconds change."""
+        """seconds_at(self.context), kept while neither the context nor the seconds change (a new
+        verify_s dict, as tests assign, counts as a change too)."""
         at = self._at
         if at is None or at[0] != self.context or at[1] is not self.verify_s:
             at = self._at = (self.context, self.verify_s, self.seconds_at(self.context))
@@ -176,7 +173,8 @@ class CostModel:
             if n in self.verify_s:
                 seen.append(self.verify_s[n])  # the calibration counts as one observation
         seen.append(seconds)
-        self.verify_s = {**self.verify_s, n: statistics.median(seen)}  # a new dict: _here() sees the change
+        self.verify_s[n] = statistics.median(seen)
+        self._at = None  # the seconds at the context moved
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps <= 0:
@@ -212,6 +210,11 @@ class CostModel:
         return cycle_cost(self.c(k + 1), k, self.d())
 
 
+def _pad(target: Any) -> int:
+    """The token the cost measurements decode (the content does not change the cost)."""
+    return target.eos if target.eos >= 0 else 0
+
+
 def measure_batch_costs(target: Any, n_max: int, reps: int = 3, *, keep: int | None = None,
                         should_stop: Callable[[], bool] | None = None,
                         progress: Callable[[int, int], None] | None = None) -> dict[int, float] | None:
@@ -224,7 +227,7 @@ def measure_batch_costs(target: Any, n_max: int, reps: int = 3, *, keep: int | N
     should_stop: asked between decodes; when it says so, the measurement is abandoned (None).
     progress(done, total) after each decode."""
     target.set_capture(())
-    pad = target.eos if target.eos >= 0 else 0
+    pad = _pad(target)
     fresh = keep is None
     if keep is None:
         target.memory.clear()
@@ -269,7 +272,7 @@ def measure_context_costs(target: Any, n_max: int, reps: int = 3, *, keep: int |
     fresh = keep is None
     if keep is None:
         target.memory.clear()
-        target.decode([target.eos if target.eos >= 0 else 0] * 8, 0, "last")
+        target.decode([_pad(target)] * 8, 0, "last")
         keep = 8
     room = min(span, target.n_ctx - n_max - 1 - keep)
     phases = 2 if room >= MIN_SPAN else 1
@@ -282,7 +285,7 @@ def measure_context_costs(target: Any, n_max: int, reps: int = 3, *, keep: int |
         near = measure_batch_costs(target, n_max, reps, keep=keep, should_stop=should_stop, progress=report(0))
         if near is None or phases == 1:
             return None if near is None else BatchCosts(near, keep)
-        target.prefill([target.eos if target.eos >= 0 else 0] * room, keep)
+        target.prefill([_pad(target)] * room, keep)
         far = measure_batch_costs(target, n_max, reps, keep=keep + room, should_stop=should_stop,
                                   progress=report(reps * n_max))
         if far is None:

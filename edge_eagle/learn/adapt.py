@@ -75,39 +75,27 @@ class AdaptResult:
 
 def request_sequences(target: Any, layers: tuple[int, int, int], requests: Sequence[Request], *,
                       max_answer: int = 512, topk: int = 16) -> list[Any]:
-    """train/extract.Sequence_ per request: its prompt and answer decoded by the target in one pass
-    (n_batch chunks), features of every position, soft labels, the answer's labels in the mask."""
-    from ..train.extract import _assemble, _topk
+    """train/extract.Sequence_ per request: its prompt and answer decoded by the target in one
+    prefill (extract.labelled_prefill), the answer's labels in the mask."""
+    from ..train.extract import labelled_prefill
 
     target.set_capture(layers)
     out = []
     for prompt, answer in requests:
         prompt, answer = list(prompt), list(answer)[:max_answer]
-        if not prompt or not answer:
-            continue
         full = (prompt + answer)[: target.n_ctx]
-        if len(full) <= len(prompt):
-            continue
-        target.memory.clear()
-        feats, lab_ids, lab_probs = [], [], []
-        for i in range(0, len(full), target.n_batch):
-            res = target.decode(full[i:i + target.n_batch], i, "all")
-            feats.append(res.require_features().astype(np.float16))
-            ids, probs = _topk(res.logits, topk)
-            lab_ids.append(ids)
-            lab_probs.append(probs)
-        out.append(_assemble(full, len(prompt), feats, lab_ids, lab_probs, topk, 3 * target.n_embd, False))
-    target.memory.clear()
+        if prompt and len(full) > len(prompt):
+            out.append(labelled_prefill(target, full, len(prompt), topk))
     return out
 
 
 def feature_data(seqs: list[Any], d2t: np.ndarray, vocab_size: int, work: Path, name: str) -> Any:
     """train/ttt.FeatureData over these sequences (one shard in `work`), mapped to this draft vocabulary."""
     from ..train.extract import _save_shard
+    from ..train.trainer import draft_index
     from ..train.ttt import FeatureData
 
-    t2d = np.full(vocab_size, -1, np.int64)
-    t2d[np.asarray(d2t, np.int64)] = np.arange(len(d2t))
+    t2d = draft_index(d2t, vocab_size)
     if not seqs:
         return FeatureData([], t2d)
     path = work / f"{name}.npz"
@@ -155,8 +143,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
         data = sets[name]
         return simulated_acceptance(m, data, opts.ttt_steps)["tau"] if data.seqs else None
 
-    base = copy.deepcopy(model)
-    tau_before, general_before = score(base, "heldout") or 0.0, score(base, "general")
+    tau_before, general_before = score(model, "heldout") or 0.0, score(model, "general")
     torch.manual_seed(opts.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)

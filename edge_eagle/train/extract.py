@@ -98,17 +98,22 @@ def _fixed_text(target: Target, prompt: list[int], prompt_text: str, answer: str
                 seq: int = 0) -> Sequence_:
     """Features and soft labels of a given answer by prefill only (no generation), in sequence seq."""
     full = target.tokenize(prompt_text + answer + target.detokenize([target.eos]), add_special=False)
-    full = full[: min(target.n_ctx, len(prompt) + max_new)]
+    return labelled_prefill(target, full[: min(target.n_ctx, len(prompt) + max_new)], len(prompt), topk, seq)
+
+
+def labelled_prefill(target: Target, tokens: list[int], n_prompt: int, topk: int, seq: int = 0) -> Sequence_:
+    """Features and soft labels of every position of `tokens` (the first n_prompt the prompt), by
+    one prefill in n_batch chunks in sequence seq, which is empty before and after."""
     target.memory.remove_seq(seq)
     feats, lab_ids, lab_probs = [], [], []
-    for i in range(0, len(full), target.n_batch):
-        res = target.decode(full[i:i + target.n_batch], i, "all", seq)
+    for i in range(0, len(tokens), target.n_batch):
+        res = target.decode(tokens[i:i + target.n_batch], i, "all", seq)
         feats.append(res.require_features().astype(np.float16))
         ids, probs = _topk(res.logits, topk)
         lab_ids.append(ids)
         lab_probs.append(probs)
     target.memory.remove_seq(seq)
-    return _assemble(full, len(prompt), feats, lab_ids, lab_probs, topk, 3 * target.n_embd, False)
+    return _assemble(tokens, n_prompt, feats, lab_ids, lab_probs, topk, 3 * target.n_embd, False)
 
 
 def extract_one(target: Target, conv: Conversation, *, regenerate: bool, max_prompt: int, max_new: int,

@@ -59,6 +59,13 @@ def draft_vocabulary(shards: list[Path], vocab_size: int, n: int) -> np.ndarray:
     return np.sort(np.argsort(-counts, kind="stable")[:n]).astype(np.int64)
 
 
+def draft_index(d2t: np.ndarray, vocab_size: int) -> np.ndarray:
+    """target id -> draft id (-1: outside the draft vocabulary)."""
+    t2d = np.full(vocab_size, -1, np.int64)
+    t2d[np.asarray(d2t, np.int64)] = np.arange(len(d2t))
+    return t2d
+
+
 def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, opts: TrainOptions) -> Eagle3Reference:
     h = int(target.require(K.EMBEDDING_LENGTH))
     heads = int(target.require(K.HEAD_COUNT))
@@ -314,8 +321,7 @@ def _training_data(features_dir: Path, extra_features: tuple[Path, ...], target:
     interleaved = [lst[i] for i in range(max(map(len, per_dir))) for lst in per_dir if i < len(lst)]
     shards, features_tokens = cap_shards(interleaved, opts.train_tokens, sum(int(m["tokens"]) for m in manifests))
     d2t = draft_vocabulary(shards, target.vocab_size, opts.draft_vocab)
-    t2d_index = np.full(target.vocab_size, -1, np.int64)
-    t2d_index[d2t] = np.arange(len(d2t))
+    t2d_index = draft_index(d2t, target.vocab_size)
     data = FeatureData(shards, t2d_index)
     evals = {name: FeatureData([d / s for s in m["shards"]], t2d_index)
              for name, d in (eval_sets or {}).items()
