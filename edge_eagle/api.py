@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
 from .grammar import Grammar
 from .learn import LearnStore, Versions
+from .learn.idle import IdleAdapter
 from .options import LEARN_TOKENS, TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
@@ -281,6 +283,10 @@ class EdgeEagle(LlamaCompat, EngineCosts):
     learn: keep each finished request's prompt and answer token ids (that is, its text) in the
         local store of this target and drafter (learn/store.py; at most learn_tokens tokens,
         the oldest requests going first). Off unless asked for: nothing is stored without it.
+        With an eagle3 drafter, learn_idle > 0 and SIGSTOP (not Windows), the drafter also adapts
+        in the background after learn_idle seconds without a generation, once learn_min_new more
+        requests are kept (learn/idle.py; self.adapter); an accepted version is swapped in
+        between generations.
     """
 
     def __init__(self, target: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | Drafter |
@@ -288,7 +294,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                  n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
                  repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS,
                  history: bool = True, history_tokens: int = 200_000, learn: bool = False,
-                 learn_tokens: int = LEARN_TOKENS):
+                 learn_tokens: int = LEARN_TOKENS, learn_idle: float = 5.0, learn_min_new: int = 16):
         k = _check_k(k)
         #: suffix drafts' index: this engine's current request and, with history, earlier ones
         self.suffix = SuffixIndex(max_tokens=history_tokens, history=history)
@@ -333,6 +339,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         #: the adapted drafter version in use (learn/versions.py; 0: the drafter as given)
         self.drafter_version = 0
         self.learn_base: str | None = None  # with learn: the eagle3 GGUF the store and its versions belong to
+        self.adapter: IdleAdapter | None = None  # with learn: the background adaptation (learn/idle.py)
         if learn:
             try:
                 self.learn_store = LearnStore.for_models(target_path, self._drafter_identity(),
@@ -343,6 +350,8 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                 adapted = versions.current_path() if isinstance(self.drafter, EagleDrafter) else None
                 if adapted is not None:  # --learn runs the latest accepted adaptation
                     self.swap_drafter(adapted, version=versions.current)
+                if self.learn_base is not None and learn_idle > 0 and hasattr(signal, "SIGSTOP"):
+                    self.adapter = IdleAdapter(self, self.learn_base, idle_s=learn_idle, min_new=learn_min_new)
             except BaseException:
                 self.close()
                 raise
@@ -535,14 +544,23 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         if self._owner == threading.get_ident():
             raise EdgeEagleError("This thread is still iterating another generation; finish or close() "
                                  "it before starting the next.")
-        with self._lock:
-            self._owner = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._owner = None
+        adapter = self.adapter
+        if adapter is not None:  # background adaptation stops now, not once the lock is ours
+            adapter.busy(+1)
+        try:
+            with self._lock:
+                self._owner = threading.get_ident()
+                try:
+                    yield
+                finally:
+                    self._owner = None
+        finally:
+            if adapter is not None:
+                adapter.busy(-1)
 
     def close(self) -> None:
+        if self.adapter is not None:  # first: its child and its swaps need the engine
+            self.adapter.close()
         with self._lock:
             if self.drafter is not None:
                 self.drafter.close()

@@ -220,15 +220,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(ee, ServerOptions(api_key=args.api_key, max_queue=args.max_queue,
                                            max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                            strict_model=args.strict_model,
-                                           cors_origins=tuple(args.cors_origin or ()), k=args.k,
-                                           learn_idle_s=args.learn_idle, learn_min_new=args.learn_min_new))
+                                           cors_origins=tuple(args.cors_origin or ()), k=args.k))
         print(f"edge-eagle: serving {app.state.model_id} with drafter "
               f"{ee.drafter.name if ee.drafter is not None else 'none'} on http://{args.host}:{args.port}/v1; "
               f"threads: {ee.threads.describe()}", file=sys.stderr)
         if ee.learn_store is not None:
             print(f"edge-eagle: --learn: keeping every finished request's token ids (its text) in "
                   f"{ee.learn_store.path}; drafter version {ee.drafter_version}"
-                  + ("; adapting it when idle" if app.state.server.adapter is not None else ""), file=sys.stderr)
+                  + ("; adapting it when idle" if ee.adapter is not None else ""), file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -333,7 +332,7 @@ def _learn_adapt(store: Any, base: Path, args: argparse.Namespace, extra: dict |
     from .learn.adapt import AdaptOptions
     from .learn.run import adapt_store
 
-    opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr)
+    opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr, samples=args.samples)
     report = adapt_store(args.target or defaults.default_target(), base, store, opts,
                          general_prompts=args.general_prompts, replay_prompts=args.replay_prompts, out=args.out,
                          progress=not args.json,
@@ -443,6 +442,8 @@ def _add_learn(sub: Any) -> None:
                     "a candidate may not lose more than 2%% tau on (default 16; 0: none)")
     ln.add_argument("--replay-prompts", type=int, default=32, help="adapt: further MT-bench questions, with the "
                     "target's answers, mixed into training against forgetting (default 32)")
+    ln.add_argument("--samples", type=int, default=2, help="adapt: answers the target samples for each training "
+                    "prompt, trained on beside the kept answer (default 2; kept in work/ for later runs; 0: none)")
     ln.add_argument("--text", action="store_true", help="export: also the text (detokenized by the target)")
     ln.add_argument("--speculators", metavar="DIR", help="export: write the adapted drafter in use as a speculators "
                     "checkpoint to DIR (for vLLM or SGLang) instead of the requests")
@@ -478,10 +479,6 @@ def _add_serve(sub: Any) -> None:
     EngineOptions.add_arguments(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--learn-idle", type=float, default=5.0, help="with --learn: adapt the drafter in the "
-                    "background after this many seconds without requests (default 5; 0: never, `learn adapt` by hand)")
-    sv.add_argument("--learn-min-new", type=int, default=16, help="with --learn: adapt again once this many more "
-                    "requests are kept (default 16)")
     sv.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     sv.add_argument("--cors-origin", action="append", help="allow browser requests from this origin (repeatable)")
     sv.add_argument("--max-queue", type=int, default=8,

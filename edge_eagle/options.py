@@ -79,6 +79,12 @@ class EngineOptions:
         action="store_true"))
     learn_tokens: int = field(default=LEARN_TOKENS, metadata=flag(
         "--learn-tokens", "the learn store's cap in tokens (default %(default)s; the oldest requests go first)", int))
+    learn_idle: float = field(default=5.0, metadata=flag(
+        "--learn-idle", "with --learn: adapt the drafter in the background after this many seconds without "
+        "requests (default %(default)s; 0: never, `edge-eagle learn adapt` by hand)", float))
+    learn_min_new: int = field(default=16, metadata=flag(
+        "--learn-min-new", "with --learn: adapt again once this many more requests are kept (default %(default)s)",
+        int))
     capture: str = "auto"  # how the target's features are captured: auto, layer_inp or callback
     k_max: int = 8  # the longest chain k="auto" may choose
     tree_paths: int = TREE_PATHS  # the most root-to-leaf paths a verified tree may have (0: no trees)

@@ -18,7 +18,14 @@ kept with --learn, one `learn adapt`, then acceptance on unseen prompts of the d
    MT-bench first turns (the general set and the replayed questions are the first 48), decoded
    greedily with a fixed chain of --k drafts and with a tree of --tree nodes, by the drafter
    before and after adaptation, interleaved prompt by prompt: tau, and greedy output against
-   plain decoding.
+   plain decoding. The adaptation's history also scores these prompts (simulated decoding tau,
+   never used for choosing): the curve of tau on unseen prompts against learned tokens.
+4. Latency (--latency N): time to first token of N requests (the unseen prompts in turn, 16
+   tokens, a --gap of idle seconds before each) through a library engine with learn=True whose
+   background adaptation (learn/idle.py, the child serve --learn runs) trains on the store
+   throughout, against the same engine with the adaptation held stopped (IdleAdapter.hold),
+   interleaved request by request in a shuffled order; before the child starts and after it
+   ends, N/2 requests each with no child at all (learning off).
 """
 
 from __future__ import annotations
@@ -48,26 +55,110 @@ def chat_ids(ee: EdgeEagle, text: str) -> list[int]:
     return ee.target.tokenize(ee.apply_chat_template([{"role": "user", "content": text}]), add_special=False)
 
 
+def plain_answers(prompts: list[str], n: int) -> dict[str, tuple[list[int], list[int]]]:
+    """Each prompt's chat-formatted ids and the target's greedy answer (plain decoding)."""
+    with EdgeEagle(None, "none", n_ctx=2048) as plain:
+        out = {}
+        for text in tqdm(prompts, desc="plain answers", file=sys.stderr):
+            ids = chat_ids(plain, text)
+            out[text] = (ids, plain.generate(ids, max_tokens=n, speculative=False, history=False).result().tokens)
+        return out
+
+
 def measure(drafters: dict[str, Path | None], prompts: list[str], n: int, k: int, tree: int, desc: str) -> dict:
-    """tau per drafter (chain of k, tree of `tree`), greedy, interleaved per prompt; equality with plain."""
+    """tau per drafter (chain of k, tree of `tree`), greedy, interleaved per prompt; equality with plain.
+    tau is tokens per verification cycle over all the prompts' tokens (as decoding reports it),
+    and tau_mean its mean over prompts."""
+    refs = plain_answers(prompts, n)
     engines = {name: EdgeEagle(None, path or "none", n_ctx=2048) for name, path in drafters.items()}
-    plain = EdgeEagle(None, "none", n_ctx=2048)
     taus: dict[str, list[float]] = {f"{name} {mode}": [] for name in drafters for mode in ("chain", "tree")}
+    cycles = {key: [0, 0] for key in taus}  # accepted drafts, verification cycles
     equal = dict.fromkeys(taus, 0)
     try:
         for text in tqdm(prompts, desc=desc, file=sys.stderr):
-            ids = chat_ids(plain, text)
-            ref = plain.generate(ids, max_tokens=n, speculative=False, history=False).result().tokens
+            ids, ref = refs[text]
             for name, ee in engines.items():
                 for mode, kw in (("chain", {"k": k}), ("tree", {"tree": tree})):
                     g = ee.generate(ids, max_tokens=n, history=False, **kw).result()
-                    taus[f"{name} {mode}"].append(g.stats.tau)
-                    equal[f"{name} {mode}"] += g.tokens == ref
+                    key = f"{name} {mode}"
+                    taus[key].append(g.stats.tau)
+                    cycles[key][0] += g.stats.accepted
+                    cycles[key][1] += g.stats.to_dict()["verify_steps"]
+                    equal[key] += g.tokens == ref
     finally:
-        for ee in [*engines.values(), plain]:
+        for ee in engines.values():
             ee.close()
-    return {key: {"tau": round(statistics.mean(v), 4), "equal_plain": f"{equal[key]}/{len(prompts)}"}
+    return {key: {"tau": round(1 + cycles[key][0] / max(1, cycles[key][1]), 4),
+                  "tau_mean": round(statistics.mean(v), 4), "equal_plain": f"{equal[key]}/{len(prompts)}"}
             for key, v in taus.items()}
+
+
+def latency(prompts: list[str], n: int, gap: float, seed: int = 0) -> dict:
+    """Time to first token with the background adaptation training, held, and absent (see above)."""
+    import random
+
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {"off": [], "held": [], "training": []}
+    ee = EdgeEagle(learn=True, learn_idle=1.0, learn_min_new=10**9, n_ctx=2048)
+    adapter = ee.adapter
+    assert adapter is not None, "no background adaptation here (it needs SIGSTOP and the shipped drafter)"
+    adapter.steps, adapter.minutes = 10**6, 600.0  # it trains throughout
+    turn = iter(range(10**9))
+
+    def ask(kind: str) -> None:
+        text = prompts[next(turn) % len(prompts)]
+        t0 = time.perf_counter()
+        gen = ee.generate(chat_ids(ee, text), max_tokens=16, history=False)
+        next(iter(gen))
+        times[kind].append(time.perf_counter() - t0)
+        gen.result()
+
+    bar = tqdm(total=3 * n, desc="latency", file=sys.stderr)
+    try:
+        for _ in range(n // 2):  # learning off: no child yet
+            time.sleep(gap)
+            ask("off")
+            bar.update()
+        adapter.min_new = 0
+        deadline = time.monotonic() + 120
+        while adapter.state != "training":
+            if time.monotonic() > deadline:
+                raise SystemExit("the background adaptation did not start within 2 minutes; see adapt.log in the store")
+            time.sleep(0.1)
+        order = ["held", "training"] * n
+        for i in range(0, len(order), 2):
+            order[i:i + 2] = rng.sample(order[i:i + 2], 2)
+        trained = 0
+        for kind in order:
+            adapter.hold(kind == "held")
+            time.sleep(gap)
+            if kind == "training":
+                trained += adapter.state == "training"  # the child ran up to this request
+            else:
+                adapter.hold(False)  # the request itself stops the child before it can resume
+            ask(kind)
+            bar.update()
+        adapter.close()  # learning off again: no child
+        for _ in range(n - n // 2):
+            time.sleep(gap)
+            ask("off")
+            bar.update()
+    finally:
+        bar.close()
+        ee.close()
+
+    def pct(v: list[float], q: float) -> float:
+        v = sorted(v)
+        return v[min(len(v) - 1, int(q * len(v)))]
+
+    out: dict = {"requests_each": n, "gap_s": gap, "training_when_asked": f"{trained}/{n}"}
+    for kind, v in times.items():
+        out[kind] = {"p50_ms": round(1e3 * statistics.median(v), 1), "p99_ms": round(1e3 * pct(v, 0.99), 1),
+                     "n": len(v)}
+    for q in ("p50_ms", "p99_ms"):
+        out[f"training_over_held_{q[:3]}"] = round(out["training"][q] / out["held"][q], 3)
+        out[f"training_over_off_{q[:3]}"] = round(out["training"][q] / out["off"][q], 3)
+    return out
 
 
 def main() -> int:
@@ -86,6 +177,10 @@ def main() -> int:
     ap.add_argument("--mtbench", type=int, default=20)
     ap.add_argument("--general-prompts", type=int, default=16)
     ap.add_argument("--replay-prompts", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=2, help="answers sampled per training prompt (learn adapt's)")
+    ap.add_argument("--latency", type=int, default=0, help="time to first token of this many requests per "
+                    "condition with the background adaptation training, held, and off (0: not measured)")
+    ap.add_argument("--gap", type=float, default=3.0, help="idle seconds before each --latency request")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -100,17 +195,18 @@ def main() -> int:
     os.environ["EDGE_EAGLE_LEARN_DIR"] = str(work / "learn")
 
     t0 = time.perf_counter()
-    with EdgeEagle(learn=True, n_ctx=2048) as ee:
+    with EdgeEagle(learn=True, learn_idle=0, n_ctx=2048) as ee:  # this script runs the adaptation itself
         for text in tqdm(stream, desc="stream", file=sys.stderr):
             ee.generate(chat_ids(ee, text), max_tokens=args.n, history=False).result()
     stream_s = time.perf_counter() - t0
     store = LearnStore(store_dir(target, base))
+    watch = list(plain_answers(unseen, args.eval_n).values())  # the curve: tau on unseen prompts while learning
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     report = adapt_store(target, base, store, AdaptOptions(steps=args.steps, minutes=args.minutes, lr=args.lr,
-                                                           batch_rows=args.batch_rows),
+                                                           batch_rows=args.batch_rows, samples=args.samples),
                          general_prompts=args.general_prompts, replay_prompts=args.replay_prompts,
-                         out=work / "adapted.gguf",
+                         out=work / "adapted.gguf", watch=watch,
                          log=lambda s: print(s, file=sys.stderr))
     adapt_cpu, adapt_wall = time.process_time() - cpu0, time.perf_counter() - t0
     adapted = Path(report["written"]) if report["written"] else None
@@ -124,7 +220,11 @@ def main() -> int:
            "domain": args.domain, "stream_requests": len(stream), "stream_s": round(stream_s, 1),
            "adapt": report, "adapt_wall_s": round(adapt_wall, 1), "adapt_cpu_s": round(adapt_cpu, 1),
            "cpu_s_per_1k_learned_tokens": round(adapt_cpu / max(1, report["train_tokens"]) * 1000, 2),
+           "curve": [{"tokens_seen": h["tokens_seen"], "heldout_tau": h["tau"], "unseen_tau": h["watch"]}
+                     for h in report["history"]],
            "unseen": domain, "mtbench": general}
+    if args.latency:
+        out["latency"] = latency(unseen, args.latency, args.gap)
     emit_report(out, args.json)
     return 0
 

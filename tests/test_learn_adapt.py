@@ -73,10 +73,10 @@ def test_adaptation_raises_acceptance_on_unseen_prompts_and_keeps_output_lossles
     assert texts == [domain["answers"][p] for p in domain["seen"]]
     store = LearnStore(store_dir(tiny_target, domain["base"]))
     assert len(list(store.requests())) == len(domain["seen"])
-    report = adapt_store(tiny_target, domain["base"], store, AdaptOptions(steps=60, lr=2e-3, batch_rows=512),
+    report = adapt_store(tiny_target, domain["base"], store, AdaptOptions(steps=60, lr=2e-3, batch_rows=512, samples=0),
                          general_prompts=0, progress=False)
     assert report["accepted"] and report["version"] == 1, report
-    assert report["tau_after"] > report["tau_before"] + 0.3  # simulated, on the newest requests held out
+    assert report["tau_after"] > report["tau_before"] + 0.15  # simulated decoding, on the newest requests held out
     before = _use(tiny_target, domain["base"], domain["unseen"])
     after = _use(tiny_target, domain["base"], domain["unseen"], learn=True)  # --learn runs version 1
     assert after[2] == 1 and before[2] == 0
@@ -84,6 +84,34 @@ def test_adaptation_raises_acceptance_on_unseen_prompts_and_keeps_output_lossles
     assert after[0] == before[0] == [domain["answers"][p] for p in domain["unseen"]]  # greedy = plain decoding
     assert Versions(store.directory).rollback() == 0
     assert _use(tiny_target, domain["base"], domain["unseen"][:1], learn=True)[2] == 0
+
+
+def test_sampled_answers_come_from_training_prompts_only_and_are_kept_for_later(tiny_target, domain, tmp_path):
+    """The augmentation: n seeded answers per training prompt, sampled by the target, at most as
+    long as the kept answer; asked again, they come from work/samples.json, not the target."""
+    from edge_eagle.learn.adapt import adapt
+    from edge_eagle.learn.run import SAMPLES, sampled_answers
+    from edge_eagle.learn.store import WORK
+    from edge_eagle.target import Target
+
+    with EdgeEagle(tiny_target, None, n_ctx=256) as ee:
+        requests = [(ee.target.tokenize(p), domain["answers"][p]) for p in domain["seen"][:10]]
+    got = sampled_answers(tmp_path, tiny_target, domain["base"], requests[:4], 2, 0.8, 512, log=lambda s: None)
+    assert [p for p, _ in got] == [p for p, _ in requests[:4] for _ in range(2)]
+    assert all(0 < len(a) <= len(requests[0][1]) for _, a in got)
+    assert got[0][1] != got[1][1]  # two samples, not one answer twice
+    cache = tmp_path / WORK / SAMPLES
+    stamp = cache.stat().st_mtime_ns
+    assert sampled_answers(tmp_path, tiny_target, domain["base"], requests[:4], 2, 0.8, 512) == got
+    assert cache.stat().st_mtime_ns == stamp  # nothing sampled again
+    seen: list = []
+    target = Target(tiny_target, n_ctx=256, n_batch=256)
+    try:
+        adapt(target, domain["base"], requests, tmp_path / "w", AdaptOptions(steps=1),
+              augment=lambda train: seen.extend(train) or [])
+    finally:
+        target.close()
+    assert seen == requests[:8]  # the newest fifth is held out, and never augmented
 
 
 def test_a_candidate_that_scores_worse_is_not_kept(tiny_target, domain, learn_root):
@@ -184,10 +212,11 @@ def test_the_server_adapts_when_idle_stops_for_a_request_and_swaps_between_reque
 
     from edge_eagle.server import ServerOptions, create_app
 
-    engine = EdgeEagle(tiny_target, domain["base"], k=3, n_ctx=256, learn=True)
-    app = create_app(engine, ServerOptions(learn_idle_s=1.5, learn_min_new=10, learn_steps=80, learn_lr=2e-3))
+    engine = EdgeEagle(tiny_target, domain["base"], k=3, n_ctx=256, learn=True, learn_idle=1.5, learn_min_new=10)
+    app = create_app(engine, ServerOptions())
     state = app.state.server
-    assert state.adapter is not None
+    assert state.adapter is engine.adapter and state.adapter is not None
+    state.adapter.steps, state.adapter.lr, state.adapter.samples = 80, 2e-3, 0
     state.adapter.general_prompts = 0  # no MT-bench set for the tiny target's random text
     try:
         http = TestClient(app)
@@ -224,6 +253,56 @@ def test_the_server_adapts_when_idle_stops_for_a_request_and_swaps_between_reque
         engine.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's state in /proc")
+def test_the_library_adapts_by_itself_and_the_chat_shows_the_version_and_tau(tiny_target, domain, learn_root):
+    """No server: an engine made with learn=True adapts in its idle time, a reply that starts
+    mid-training stops the child, and the chat shows the adaptation's result and tau per version."""
+    import asyncio
+
+    from edge_eagle.tui.app import ChatOptions, EdgeEagleChat
+    from textual.widgets import Input, Static
+
+    engine = EdgeEagle(tiny_target, domain["base"], k=3, n_ctx=256, learn=True, learn_idle=1.0, learn_min_new=12)
+    adapter = engine.adapter
+    assert adapter is not None
+    adapter.steps, adapter.lr, adapter.general_prompts, adapter.samples = 80, 2e-3, 0, 0
+    try:
+        for p in domain["seen"][:12]:  # the user's earlier requests, kept by the library
+            engine.generate(p, max_tokens=24).result()
+        _wait(lambda: adapter.state == "training", 30, "the background adaptation to start")
+        child = adapter._child
+        assert child is not None
+        gen = engine.generate(domain["unseen"][0], max_tokens=24)
+        next(iter(gen))  # a generation holds the engine: the child stops at once
+        assert _process_state(child.pid) == "T" and adapter.state == "paused"
+        assert gen.result().tokens == domain["answers"][domain["unseen"][0]]
+
+        async def chat() -> None:
+            app = EdgeEagleChat(ChatOptions(max_tokens=24, k=3), engine=engine)
+            async with app.run_test(size=(120, 50)) as pilot:
+                panel = lambda: str(app.query_one("#learning", Static).render())  # noqa: E731
+                deadline = time.monotonic() + 180
+                while not adapter.reports:
+                    assert time.monotonic() < deadline, "timed out waiting for the adaptation to finish"
+                    await pilot.pause(0.2)
+                deadline = time.monotonic() + 30
+                while "drafter version 1" not in panel():
+                    assert time.monotonic() < deadline, f"the panel did not follow the swap: {panel()}"
+                    await pilot.pause(0.2)
+                assert adapter.reports[-1]["accepted"] and "v1 kept" in panel() and "held-out tau" in panel()
+                app.query_one("#prompt", Input).value = "Count: alpha beta"
+                await pilot.press("enter")
+                deadline = time.monotonic() + 60
+                while "tau here with v1" not in panel():
+                    assert time.monotonic() < deadline, f"the reply's tau is not shown per version: {panel()}"
+                    await pilot.pause(0.1)
+
+        asyncio.run(chat())
+        assert engine.drafter_version == 1
+    finally:
+        engine.close()
+
+
 def test_learning_from_files_before_any_use(tiny_target, domain, learn_root, tmp_path, capsys):
     from edge_eagle.cli import main
 
@@ -242,7 +321,8 @@ def test_learning_from_files_before_any_use(tiny_target, domain, learn_root, tmp
     (code / "blob.bin").write_bytes(bytes(range(256)) * 4)
     out = tmp_path / "mine.gguf"
     assert main(["learn", "--from", str(code), str(bare), str(asked), *pair, "--regenerate", "-n", "24",
-                 "--steps", "60", "--lr", "2e-3", "--general-prompts", "0", "--out", str(out), "--json"]) == 0
+                 "--steps", "60", "--lr", "2e-3", "--general-prompts", "0", "--samples", "0", "--out", str(out),
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["from_requests"] == 1 + 2 + len(domain["seen"]) and report["regenerated"] == 2
     assert report["skipped"] == [str(code / "blob.bin")]

@@ -274,6 +274,8 @@ def test_simulated_acceptance_counts_chains_of_matching_drafts():
     # seed 0 -> row1 ok, seed 1 -> row2 ok, seed 3 -> row4 no (0 != 1), seed 4 -> row5 ok, seed 5 -> none
     assert got["seeds"] == 6 and got["tau"] == round(1 + (5 + 3) / 6, 4)
     assert got["per_position_acceptance"] == [round(5 / 6, 4), round(3 / 5, 4)]
+    # decoding's walk: seed 0 accepts 2 (3 tokens), seed 3 accepts 1 (2 tokens), seed 5 has 1 row left
+    assert got["tau_decode"] == round(6 / 3, 4)
 
 
 def test_frozen_head_stays_the_targets_and_warm_start_needs_the_targets_ffn(features, tiny_target, tmp_path):

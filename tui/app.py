@@ -76,6 +76,7 @@ class EdgeEagleChat(App):
         stats: SpecStats | None
         reason: str | None
         error: str | None = None
+        version: int = 0  # the adapted drafter version that drafted it (0: as given)
 
     def __init__(self, options: ChatOptions | None = None, engine: EdgeEagle | None = None,
                  save_dir: str | os.PathLike[str] = "."):
@@ -89,6 +90,8 @@ class EdgeEagleChat(App):
         self.generation: Generation | None = None
         self.busy = False  # a reply is being generated (set and cleared on the UI thread)
         self.speeds: list[float] = []
+        self.by_version: dict[int, SpecStats] = {}  # --learn: this chat's figures per drafter version
+        self._reports = 0  # background adaptations already announced
 
     # --- layout --------------------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class EdgeEagleChat(App):
                 self.notify(store.recovered, severity="warning", timeout=15)
             self.notify(f"--learn: every finished reply and its prompt are kept as token ids in {store.path}",
                         timeout=10)
+            self._show_learning()
+            self.set_interval(1.0, self._watch_learning)
 
     # --- chatting ------------------------------------------------------------------------
 
@@ -179,9 +184,9 @@ class EdgeEagleChat(App):
             reason = gen.finish_reason or ""
             if gen.dropped_messages:
                 reason += f" · {gen.dropped_messages} oldest messages left out to fit the context window"
-            self.post_message(self.Finished(reply, gen.stats.snapshot(), reason))
+            self.post_message(self.Finished(reply, gen.stats.snapshot(), reason, version=gen.drafter_version))
         except EdgeEagleError as e:
-            self.post_message(self.Finished(reply, gen.stats.snapshot(), None, str(e)))
+            self.post_message(self.Finished(reply, gen.stats.snapshot(), None, str(e), gen.drafter_version))
         finally:
             self.generation = None
 
@@ -203,8 +208,37 @@ class EdgeEagleChat(App):
             event.message.set_footer(f"{mode} · {s.generated} tokens · {s.tokens_per_second:.1f} tok/s"
                                      f" · tau {s.tau:.2f} · {event.reason}")
             self.query_one(StatsPanel).show_message(s)
+            if self.speculative and s.generated:
+                self.by_version.setdefault(event.version, SpecStats()).merge(s)
         if self.engine is not None:
             self.query_one(StatsPanel).show_session(self.engine.stats, self.speeds)
+            self._show_learning()
+
+    # --- learning (--learn) --------------------------------------------------------------------
+
+    def _show_learning(self) -> None:
+        if self.engine is None or self.engine.learn_store is None:
+            return
+        adapter = self.engine.adapter
+        state = adapter.state if adapter is not None else \
+            "by hand (edge-eagle learn adapt)" if self.engine.learn_base is not None else "needs an EAGLE drafter"
+        self.query_one(StatsPanel).show_learning(self.engine.drafter_version, state,
+                                                 adapter.reports[-1] if adapter is not None and adapter.reports
+                                                 else None, self.by_version)
+
+    def _watch_learning(self) -> None:
+        """Each second: a finished background adaptation is announced, and the panel follows it."""
+        adapter = self.engine.adapter if self.engine is not None else None
+        if adapter is not None and len(adapter.reports) > self._reports:
+            self._reports = len(adapter.reports)
+            r = adapter.reports[-1]
+            if r.get("accepted"):
+                self.notify(f"Drafter version {r['version']} in use from the next reply: tau on your held-out "
+                            f"requests {r['tau_before']:.2f} -> {r['tau_after']:.2f}.", timeout=10)
+            else:
+                self.notify(f"The drafter stays as it is: {r.get('reason', 'the candidate did not measure better')}.",
+                            timeout=10)
+        self._show_learning()
 
     # --- actions -------------------------------------------------------------------------
 

@@ -101,6 +101,8 @@ class StatsPanel(Vertical):
     StatsPanel { width: 44; border-left: solid $primary; padding: 0 1; }
     StatsPanel > .title { text-style: bold; color: $accent; margin-top: 1; }
     StatsPanel > Sparkline { height: 3; margin: 0 0 1 0; }
+    StatsPanel > .learning { display: none; }
+    StatsPanel.learning > .learning { display: block; }
     """
 
     def compose(self) -> ComposeResult:
@@ -114,6 +116,22 @@ class StatsPanel(Vertical):
         yield Static(id="bars")
         yield Label("tokens/s per message", classes="title")
         yield Sparkline([], id="speed")
+        yield Label("Learning (--learn)", classes="title learning")
+        yield Static(id="learning", classes="learning")
+
+    def show_learning(self, version: int, state: str, report: dict | None,
+                      by_version: dict[int, SpecStats]) -> None:
+        """The drafter version in use, the background adaptation's state and its last result
+        (simulated tau on the held-out requests before and after), and this chat's tau per version."""
+        self.add_class("learning")
+        lines = [f"drafter version [b]{version}[/]" + (" (as shipped)" if version == 0 else " (adapted)"),
+                 f"adaptation: {state}"]
+        if report is not None:
+            verdict = f"v{report['version']} kept" if report.get("accepted") else "not kept"
+            lines.append(f"last: {verdict}, held-out tau {report['tau_before']:.2f} -> {report['tau_after']:.2f}")
+        for v, s in sorted(by_version.items()):
+            lines.append(f"tau here with v{v}: [b]{s.tau:.2f}[/] ({s.generated} tokens)")
+        self.query_one("#learning", Static).update("\n".join(lines))
 
     def show_settings(self, speculative: bool, drafter, k: int | str, temperature: float, p_min: float,
                       tree: int | None = None) -> None:

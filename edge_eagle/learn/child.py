@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--general-prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=2)
     args = ap.parse_args(argv)
     if args.nice and hasattr(os, "nice"):
         os.nice(args.nice)
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report = adapt_store(args.target, args.drafter, LearnStore(args.store), AdaptOptions(steps=args.steps,
                                                                                         minutes=args.minutes,
-                                                                                        lr=args.lr),
+                                                                                        lr=args.lr,
+                                                                                        samples=args.samples),
                          general_prompts=args.general_prompts, progress=False, n_threads=args.threads,
                          log=lambda s: print(s, file=sys.stderr))
     atomic_write(args.report, json.dumps(report))

@@ -1,11 +1,13 @@
-"""Adapting in idle time (`serve --learn`): a child process runs one `learn adapt` while no request
-is active, stopped the moment one arrives, and an accepted version is swapped in between requests.
+"""Adapting in idle time (`--learn` in chat and serve, learn=True in the library): a child process
+runs one `learn adapt` while no request is active, stopped the moment one arrives, and an accepted
+version is swapped in between requests. The engine owns it (EdgeEagle.adapter) and says when a
+generation holds it; the server also says when requests wait in its queue.
 
 - **When:** no request has been admitted for `idle_s` seconds and the store holds at least
   `min_new` requests more than at the last adaptation.
 - **How:** `python -m edge_eagle.learn.child`, niced (`nice`) with at most `threads` threads
   (torch's and llama.cpp's), writing its report to a file and its messages to adapt.log.
-- **Yielding:** when a request is admitted, the child gets SIGSTOP at once: it stops mid-step,
+- **Yielding:** when a request is admitted (or a generation starts), the child gets SIGSTOP at once: it stops mid-step,
   holding its memory but no core, so the request waits for nothing. It gets SIGCONT after
   `idle_s` seconds without requests. (Where there is no SIGSTOP, on Windows, nothing runs in
   the background: `learn adapt` by hand.)
@@ -34,7 +36,7 @@ LOG = "adapt.log"  # the last background adaptation's messages, beside the store
 class IdleAdapter:
     def __init__(self, engine: Any, base_drafter: str | os.PathLike[str], *, idle_s: float = 5.0, min_new: int = 16,
                  threads: int | None = None, nice: int = 10, steps: int = 300, minutes: float = 10.0,
-                 lr: float = 2e-4, general_prompts: int = 16, tick_s: float = 0.2,
+                 lr: float = 2e-4, general_prompts: int = 16, samples: int = 2, tick_s: float = 0.2,
                  clock: Callable[[], float] = time.monotonic):
         if engine.learn_store is None:
             raise ValueError("an IdleAdapter needs an engine made with learn=True")
@@ -42,12 +44,15 @@ class IdleAdapter:
         self.idle_s, self.min_new, self.nice = idle_s, min_new, nice
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
         self.steps, self.minutes, self.lr, self.general_prompts = steps, minutes, lr, general_prompts
+        self.samples = samples  # answers sampled per training prompt (AdaptOptions.samples)
         self.tick_s, self.clock = tick_s, clock
         self._lock = threading.Lock()
-        self._active = 0  # requests admitted and not finished
+        self._queued = 0  # requests admitted and not finished (the server's queue)
+        self._running = 0  # generations holding the engine
         self._last_activity = clock()
         self._child: subprocess.Popen | None = None
         self._paused = False
+        self._held = False  # hold(): stopped and not started, whatever the idle time
         self._report_path: Path | None = None
         self._learned_at = self._kept()  # requests in the store when the last adaptation started
         self.reports: list[dict[str, Any]] = []  # every finished adaptation's report, oldest first
@@ -59,17 +64,39 @@ class IdleAdapter:
     def _kept(self) -> int:
         return int(self.engine.learn_store.status()["requests"])
 
-    # --- called by the server ------------------------------------------------------------------
+    # --- called by the engine and the server -----------------------------------------------------
 
     def activity(self, active: int) -> None:
         """The number of requests admitted and not finished changed (the server's queue): with
         one or more, the child stops at once."""
         with self._lock:
-            self._active = active
-            self._last_activity = self.clock()
-            if active and self._child is not None and not self._paused and self._child.poll() is None:
-                self._child.send_signal(signal.SIGSTOP)
-                self._paused, self.state = True, "paused"
+            self._queued = active
+            self._touch()
+
+    def busy(self, delta: int) -> None:
+        """A generation took (+1) or left (-1) the engine (EdgeEagle._acquire)."""
+        with self._lock:
+            self._running = max(0, self._running + delta)
+            self._touch()
+
+    def hold(self, on: bool = True) -> None:
+        """Keep background adaptation stopped (and none started) until hold(False): for an
+        application that needs the cores for a while without a generation."""
+        with self._lock:
+            self._held = on
+            self._touch()
+
+    def _touch(self) -> None:
+        """Activity now (the lock held): the idle time starts again, and a running child stops."""
+        self._last_activity = self.clock()
+        if (self._active or self._held) and self._child is not None and not self._paused \
+                and self._child.poll() is None:
+            self._child.send_signal(signal.SIGSTOP)
+            self._paused, self.state = True, "paused"
+
+    @property
+    def _active(self) -> int:
+        return self._queued + self._running
 
     def close(self) -> None:
         self._stop.set()
@@ -93,7 +120,7 @@ class IdleAdapter:
 
     def _tick(self) -> None:
         with self._lock:
-            idle = not self._active and self.clock() - self._last_activity >= self.idle_s
+            idle = not self._active and not self._held and self.clock() - self._last_activity >= self.idle_s
             child = self._child
             if child is not None and self._paused and idle:
                 child.send_signal(signal.SIGCONT)
@@ -114,9 +141,10 @@ class IdleAdapter:
         cmd = [sys.executable, "-m", "edge_eagle.learn.child", "--target", str(self.engine.target.path),
                "--drafter", str(self.base), "--store", str(store.directory), "--report", name,
                "--threads", str(self.threads), "--nice", str(self.nice), "--steps", str(self.steps),
-               "--minutes", str(self.minutes), "--lr", str(self.lr), "--general-prompts", str(self.general_prompts)]
+               "--minutes", str(self.minutes), "--lr", str(self.lr), "--general-prompts", str(self.general_prompts),
+               "--samples", str(self.samples)]
         with self._lock:
-            if self._active:  # a request came meanwhile: start later
+            if self._active or self._held:  # a request came meanwhile: start later
                 return
             # its messages (llama.cpp logs a lot) go to a file: a pipe nobody reads would block it
             with open(store.directory / LOG, "wb") as err:

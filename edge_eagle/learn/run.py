@@ -25,6 +25,43 @@ from .versions import Versions
 
 GENERAL = "general.json"
 GENERAL_TOKENS = 96
+SAMPLES = "samples.json"  # in work/: sampled answers, kept for later adaptations
+SAMPLE_TOKENS = 128  # a sampled answer's most tokens (a file chunk's continuation is longer)
+
+
+def sampled_answers(store_dir: Path, target_path: str | os.PathLike[str], drafter: str | os.PathLike[str],
+                    requests: list[Request], n: int, temperature: float, max_answer: int,
+                    n_threads: int | None = None, log: Callable[[str], Any] = print) -> list[Request]:
+    """n answers per request's prompt sampled from the target (speculatively with `drafter`,
+    which keeps the target's distribution), each at most as long as the kept answer; seeded per
+    prompt and kept in work/samples.json, so a later adaptation samples only new prompts."""
+    import hashlib
+
+    if n <= 0 or not requests:
+        return []
+    path = store_dir / WORK / SAMPLES
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        cache = {}
+    keys = [hashlib.sha1(json.dumps([list(p), temperature]).encode()).hexdigest() for p, _ in requests]
+    todo = [(key, p, a) for key, (p, a) in zip(keys, requests) if len(cache.get(key, [])) < n]
+    if todo:
+        from ..api import EdgeEagle
+
+        log(f"sampling {n} more answers for each of {len(todo)} prompts with the target")
+        longest = max(len(p) + min(len(a), max_answer) for _, p, a in todo)
+        with EdgeEagle(target_path, str(drafter), n_ctx=longest + 64, n_threads=n_threads) as ee:
+            for key, prompt, answer in todo:
+                got = cache.get(key, [])
+                for i in range(len(got), n):
+                    gen = ee.generate(list(prompt), max_tokens=max(1, min(len(answer), max_answer, SAMPLE_TOKENS)),
+                                      temperature=temperature, seed=int(key[:8], 16) + i, history=False)
+                    got.append(gen.result().tokens)
+                cache[key] = got
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(cache))
+    return [(list(p), a) for key, (p, _) in zip(keys, requests) for a in cache[key][:n] if a]
 
 
 def general_requests(store_dir: Path, target_path: str | os.PathLike[str], n: int,
@@ -57,9 +94,10 @@ def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.Path
                 opts: AdaptOptions, *, general_prompts: int = 16, replay_prompts: int = 32,
                 out: str | os.PathLike[str] | None = None,
                 outtype: str = "q8_0", progress: bool = True, log: Callable[[str], Any] = print,
-                n_threads: int | None = None) -> dict[str, Any]:
+                n_threads: int | None = None, watch: list[Request] | None = None) -> dict[str, Any]:
     """Adapt the drafter in use for this store on its requests; keep the candidate as the next
-    version (and write it to `out` too) only when adapt() accepts it. Returns the report."""
+    version (and write it to `out` too) only when adapt() accepts it. Returns the report.
+    watch: requests scored for the report's history only (adapt's)."""
     from edge_eagle.converters.gguf_out import write_eagle3
 
     from ..target import Target
@@ -73,7 +111,7 @@ def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.Path
     mt = general_requests(store.directory, target_path, general_prompts + replay_prompts if general_prompts else 0,
                           log, n_threads)
     general, replay = mt[:general_prompts], mt[general_prompts:]
-    longest = max(len(p) + min(len(a), opts.max_answer) for p, a in requests + mt)
+    longest = max(len(p) + min(len(a), opts.max_answer) for p, a in requests + mt + (watch or []))
     target = Target(target_path, n_ctx=max(64, longest + 8), n_batch=512, n_threads=n_threads)
     bar = None
     try:
@@ -88,8 +126,12 @@ def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.Path
                 if phase == "train":
                     bar.update(done - bar.n)
 
+        def augment(train: list[Request]) -> list[Request]:
+            return sampled_answers(store.directory, target_path, start, train, opts.samples, opts.sample_temperature,
+                                   opts.max_answer, n_threads, log)
+
         result, model = adapt(target, start, requests, store.directory / WORK, opts, general=general,
-                              replay=replay, progress=report)
+                              replay=replay, watch=watch or (), augment=augment, progress=report)
         if bar is not None:
             bar.close()
         version = versions.current

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -26,10 +25,6 @@ class ServerOptions:
     retry_after_s: int = 2
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     strict_model: bool = False  # True: a request naming another model gets 404 (else any name serves this one)
-    learn_idle_s: float = 5.0  # with --learn: adapt the drafter after this long without requests (0: never)
-    learn_min_new: int = 16  # ... once this many more requests are kept than at the last adaptation
-    learn_steps: int = 300  # training steps per adaptation
-    learn_lr: float = 2e-4  # its learning rate
 
 
 class ServerState:
@@ -45,12 +40,8 @@ class ServerState:
         self.metrics = Metrics()
         self.metrics.drafter_version.set(engine.drafter_version)
         self.model_id = os.path.basename(engine.target.path).removesuffix(".gguf")
-        #: adaptation in idle time (learn/idle.py): with a learning engine, an eagle3 drafter and learn_idle_s
-        self.adapter: IdleAdapter | None = None
-        if engine.learn_store is not None and engine.learn_base is not None and opts.learn_idle_s > 0 \
-                and hasattr(signal, "SIGSTOP"):
-            self.adapter = IdleAdapter(engine, engine.learn_base, idle_s=opts.learn_idle_s,
-                                       min_new=opts.learn_min_new, steps=opts.learn_steps, lr=opts.learn_lr)
+        #: the engine's adaptation in idle time (learn/idle.py), told when requests wait in the queue
+        self.adapter: IdleAdapter | None = engine.adapter
         self.worker = Worker(engine, opts.max_queue, on_finish=self._finished, on_change=self._queue_changed,
                              prepare=self._prepare, idle_task=self._recheck)
 
@@ -85,10 +76,8 @@ class ServerState:
             self.adapter.activity(running + waiting)
 
     def close(self) -> None:
-        """Stop the worker (after the job it runs) and any background adaptation; the engine stays open."""
+        """Stop the worker (after the job it runs); the engine, and its background adaptation, stay open."""
         self.worker.close()
-        if self.adapter is not None:
-            self.adapter.close()
 
 
 def get_state(request: Request) -> ServerState:

@@ -231,11 +231,16 @@ def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, 
     """Greedy acceptance the drafter would get on `data` (held-out sequences of the target's own
     greedy answers), from its training-time-test states: a chain seeded at row P accepts its
     s-th draft when the drafts at rows P..P+s all equal the target's greedy token. Exact for
-    regenerated data (the chain's inputs are then the true tokens), cheap (no llama.cpp)."""
+    regenerated data (the chain's inputs are then the true tokens), cheap (no llama.cpp).
+
+    tau averages over every seed row. tau_decode walks each answer as greedy decoding with a
+    chain of `steps` drafts does (the next cycle seeded after the accepted drafts and the
+    target's token): tokens per cycle, the tau that decoding reports. It is the lower of the
+    two where acceptance is uneven, since runs of easy text take few cycles."""
     from .ttt import ttt_states
 
     model.eval()
-    seeds = 0
+    seeds, tokens, cycles = 0, 0, 0
     accepted_at = np.zeros(steps)
     with torch.no_grad():
         for batch in data.batches(batch_rows, np.random.default_rng(0)):
@@ -244,21 +249,32 @@ def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, 
                      for h in ttt_states(model, batch.feats, batch.tokens, batch.pos, steps)]
             B, T = batch.tokens.shape
             run = torch.ones(B, T, dtype=torch.bool)
+            runs = torch.zeros(B, T, dtype=torch.long)  # drafts the chain seeded at each row accepts
             valid = batch.valid
             for s, m in enumerate(match):  # the chain seeded at P drafts step s at row P + s
                 shifted = torch.zeros(B, T, dtype=torch.bool)
                 if s < T:
                     shifted[:, :T - s] = m[:, s:]
                 run = run & shifted
+                runs += run
                 accepted_at[s] += float(run[valid].sum())
             seeds += int(valid.sum())
+            for b in range(B):  # decoding's walk: a cycle at P emits its accepted drafts and one more token
+                rows = valid[b].nonzero().flatten()
+                if not len(rows):
+                    continue
+                at, end, r = int(rows[0]), int(rows[-1]), runs[b].tolist()
+                while at <= end:
+                    tokens += min(r[at] + 1, end - at + 1)
+                    cycles += 1
+                    at += r[at] + 1
     model.train()
     if not seeds:
-        return {"tau": 0.0, "per_position_acceptance": [], "seeds": 0}
+        return {"tau": 0.0, "tau_decode": 0.0, "per_position_acceptance": [], "seeds": 0}
     per_pos = [accepted_at[s] / seeds if s == 0 else
                (accepted_at[s] / accepted_at[s - 1] if accepted_at[s - 1] else 0.0)
                for s in range(steps)]
-    return {"tau": round(1.0 + float(accepted_at.sum()) / seeds, 4),
+    return {"tau": round(1.0 + float(accepted_at.sum()) / seeds, 4), "tau_decode": round(tokens / cycles, 4),
             "per_position_acceptance": [round(float(x), 4) for x in per_pos], "seeds": seeds}
 
 
