@@ -269,6 +269,30 @@ def render_chat(target: Target, messages: Sequence[Mapping[str, Any]], add_gener
                                             eos_token=eos, bos_token="", **extra)
 
 
+def drafter_choice(drafter: str | os.PathLike[str] | None, default_target: bool) -> str | os.PathLike[str] | None:
+    """What a drafter argument names: None (no drafter), "ngram" (prompt lookup) or a GGUF path.
+    "default" is the shipped drafter with the embedded target, else "ngram"."""
+    if drafter is None or drafter == "none":
+        return None
+    if drafter == "default":
+        return (defaults.default_drafter() if default_target else None) or "ngram"
+    return drafter
+
+
+def make_drafter(drafter: str | os.PathLike[str] | Drafter | None, target: Target, default_target: bool,
+                 n_gpu_layers: int, n_threads: int | None, repack: str | None) -> Drafter | None:
+    """The drafter a drafter argument names (drafter_choice), loaded against `target`; a Drafter as given."""
+    if isinstance(drafter, Drafter):
+        return drafter
+    choice = drafter_choice(drafter, default_target)
+    if choice is None:
+        return None
+    if choice == "ngram":
+        return NgramDrafter()
+    return EagleDrafter(choice, target, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                        gguf=read_gguf(choice), repack=repack)
+
+
 class EdgeEagle(LlamaCompat, EngineCosts):
     """A target model, optionally a drafter, and the options to run them.
 
@@ -307,7 +331,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
         self.drafter: Drafter | None
         try:
-            self.drafter = self._make_drafter(drafter, using_default_target, n_gpu_layers, n_threads, repack)
+            self.drafter = make_drafter(drafter, self.target, using_default_target, n_gpu_layers, n_threads, repack)
         except BaseException:
             self.target.close()
             raise
@@ -397,22 +421,6 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                 logging.getLogger("edge_eagle.learn").warning(
                     "edge-eagle could not write the learn store %s (%s); requests are not being kept.",
                     store.path, e)
-
-    def _make_drafter(self, drafter: str | os.PathLike[str] | Drafter | None, default_target: bool,
-                      n_gpu_layers: int, n_threads: int | None, repack: str | None) -> Drafter | None:
-        if drafter is None or drafter == "none":
-            return None
-        if isinstance(drafter, Drafter):
-            return drafter
-        if drafter == "ngram":
-            return NgramDrafter()
-        if drafter == "default":
-            path = defaults.default_drafter() if default_target else None
-            if path is None:
-                return NgramDrafter()
-            drafter = path
-        return EagleDrafter(drafter, self.target, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                            gguf=read_gguf(drafter), repack=repack)
 
     # --- generation ------------------------------------------------------------------------
 

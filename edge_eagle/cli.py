@@ -234,16 +234,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _learn_store_dir(args: argparse.Namespace) -> Path:
     """The store folder of --target and --drafter, resolved as the engine resolves them."""
+    from .api import drafter_choice
     from .learn import store_dir
 
     target = args.target or defaults.default_target()
-    drafter: str | Path | None = args.drafter
-    if drafter == "default":
-        drafter = (defaults.default_drafter() if args.target is None else None) or "prompt-lookup"
-    elif drafter == "ngram":
+    drafter = drafter_choice(args.drafter, args.target is None)
+    if drafter == "ngram":
         drafter = "prompt-lookup"
-    elif drafter == "none":
-        drafter = None
     elif drafter is not None and not Path(drafter).is_file():
         raise EdgeEagleError(f"No drafter file at {drafter}; pass the GGUF the requests were served with.")
     return store_dir(target, drafter)

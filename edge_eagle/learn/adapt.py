@@ -141,16 +141,10 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     train_reqs, held_reqs = requests[:-n_held], requests[-n_held:]
     extra = augment(train_reqs) if augment is not None and train_reqs else []
     model = reference_from_gguf(drafter_path, target.gguf)
-    layers = model.cfg.target_layers
-    work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    sets = {}
-    for name, reqs in (("train", train_reqs + extra + [(list(p), list(a)) for p, a in replay]), ("heldout", held_reqs),
-                       ("general", list(general)), ("watch", list(watch))):
-        if progress is not None:
-            progress(f"features: {name}", 0, len(reqs))
-        seqs = request_sequences(target, layers, reqs, max_answer=opts.max_answer)
-        sets[name] = feature_data(seqs, model.d2t.numpy(), target.gguf.vocab_size, work, name)
+    sets = _feature_sets(target, model, work, opts, progress,
+                         {"train": train_reqs + extra + [(list(p), list(a)) for p, a in replay], "heldout": held_reqs,
+                          "general": list(general), "watch": list(watch)})
     extract_s = time.perf_counter() - t0
 
     def score(m: Any, name: str) -> float | None:
@@ -216,6 +210,19 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
                          len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
                          round(extract_s, 2), history, best[1] if best is not None else step)
     return result, model
+
+
+def _feature_sets(target: Any, model: Any, work: Path, opts: AdaptOptions,
+                  progress: Callable[[str, int, int], None] | None, named: dict[str, list[Request]]) -> dict[str, Any]:
+    """The target's features for each named list of requests, as FeatureData written under work."""
+    work.mkdir(parents=True, exist_ok=True)
+    sets = {}
+    for name, reqs in named.items():
+        if progress is not None:
+            progress(f"features: {name}", 0, len(reqs))
+        seqs = request_sequences(target, model.cfg.target_layers, reqs, max_answer=opts.max_answer)
+        sets[name] = feature_data(seqs, model.d2t.numpy(), target.gguf.vocab_size, work, name)
+    return sets
 
 
 def _verdict(opts: AdaptOptions, step: int, tau_before: float, tau_after: float, general_before: float | None,
