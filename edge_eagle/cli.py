@@ -435,8 +435,8 @@ def _add_learn(sub: Any) -> None:
     ln.add_argument("--minutes", type=float, default=10.0, help="adapt: wall-time bound of training (default 10)")
     ln.add_argument("--steps", type=int, default=300, help="adapt: optimizer steps at most (default 300)")
     ln.add_argument("--lr", type=float, default=2e-4, help="adapt: learning rate (default 2e-4)")
-    ln.add_argument("--general-prompts", type=int, default=16, help="adapt: MT-bench prompts in the general set "
-                    "a candidate may not lose more than 2%% tau on (default 16; 0: none)")
+    ln.add_argument("--general-prompts", type=int, default=24, help="adapt: MT-bench prompts in the general set "
+                    "a candidate may not lose more than 2%% tau on (default 24, 3 of each category; 0: none)")
     ln.add_argument("--replay-prompts", type=int, default=32, help="adapt: further MT-bench questions, with the "
                     "target's answers, mixed into training against forgetting (default 32)")
     ln.add_argument("--samples", type=int, default=2, help="adapt: answers the target samples for each training "

@@ -4,18 +4,19 @@ kept with --learn, one `learn adapt`, then acceptance on unseen prompts of the d
 
     python scripts/bench_learn.py [--domain humaneval|gsm8k] [--stream 60] [--unseen 24] [-n 128]
                                   [--steps 120] [--minutes 30] [--batch-rows 256] [--k 5] [--tree 7]
-                                  [--mtbench 20] [--json OUT]
+                                  [--mtbench 24] [--json OUT]
 
 1. Stream: the domain's first --stream prompts (chat-formatted), answered greedily with `auto`
    by the default target and shipped drafter with learn=True, into a fresh store (a temporary
    $EDGE_EAGLE_LEARN_DIR; nothing touches the user's own).
 2. Adapt: learn.run.adapt_store, as `edge-eagle learn adapt` runs it (held-out newest fifth,
-   general set of 16 MT-bench answers, 32 more replayed in training), bounded by --steps and
+   general set of 24 MT-bench answers, 32 more replayed in training), bounded by --steps and
    --minutes; reported: simulated tau before and after, the curve of held-out and general tau
    against answer tokens trained on, wall and CPU seconds (CPU-seconds per 1,000 learned
    tokens: the adaptation's process CPU time per 1,000 answer tokens of the user's requests).
 3. Measure: the domain's last --unseen prompts (never in the stream) and the last --mtbench
-   MT-bench first turns (the general set and the replayed questions are the first 48), decoded
+   MT-bench first turns taken from its categories in turn (the general set and the replayed
+   questions are the first 56 in that order: 7 of each category), decoded
    greedily with a fixed chain of --k drafts and with a tree of --tree nodes, by the drafter
    before and after adaptation, interleaved prompt by prompt: tau, and greedy output against
    plain decoding. The adaptation's history also scores these prompts (simulated decoding tau,
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import EdgeEagle, defaults  # noqa: E402
-from edge_eagle.bench.prompts import load_prompts  # noqa: E402
+from edge_eagle.bench.prompts import by_category_in_turn, load_prompts  # noqa: E402
 from edge_eagle.fsutil import emit_report  # noqa: E402
 from edge_eagle.learn import LearnStore, store_dir  # noqa: E402
 from edge_eagle.learn.adapt import AdaptOptions  # noqa: E402
@@ -174,8 +175,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--tree", type=int, default=7)
-    ap.add_argument("--mtbench", type=int, default=20)
-    ap.add_argument("--general-prompts", type=int, default=16)
+    ap.add_argument("--mtbench", type=int, default=24)
+    ap.add_argument("--general-prompts", type=int, default=24)
     ap.add_argument("--replay-prompts", type=int, default=32)
     ap.add_argument("--samples", type=int, default=2, help="answers sampled per training prompt (learn adapt's)")
     ap.add_argument("--latency", type=int, default=0, help="time to first token of this many requests per "
@@ -187,6 +188,8 @@ def main() -> int:
     prompts = [p.text for p in load_prompts(args.domain)]
     if args.stream + args.unseen > len(prompts):
         raise SystemExit(f"{args.domain} has {len(prompts)} prompts; ask for fewer --stream and --unseen.")
+    if args.general_prompts + args.replay_prompts + args.mtbench > 80:
+        raise SystemExit("MT-bench has 80 questions; ask for fewer --general-prompts, --replay-prompts and --mtbench.")
     stream, unseen = prompts[:args.stream], prompts[-args.unseen:]
     base = defaults.default_drafter()
     target = defaults.default_target()
@@ -214,7 +217,7 @@ def main() -> int:
     if adapted is not None:
         drafters["after"] = adapted
     domain = measure(drafters, unseen, args.eval_n, args.k, args.tree, "unseen")
-    mtbench = [p.text for p in load_prompts("mtbench")][-args.mtbench:] if args.mtbench else []
+    mtbench = [p.text for p in by_category_in_turn(load_prompts("mtbench"))][-args.mtbench:] if args.mtbench else []
     general = measure(drafters, mtbench, args.eval_n, args.k, args.tree, "mtbench") if mtbench else {}
     out = {"cpu": cpu_name(), "command": "python scripts/bench_learn.py " + " ".join(sys.argv[1:]),
            "domain": args.domain, "stream_requests": len(stream), "stream_s": round(stream_s, 1),

@@ -123,6 +123,35 @@ def test_a_candidate_that_scores_worse_is_not_kept(tiny_target, domain, learn_ro
     assert Versions(store.directory).current == 0 and not (store.directory / "versions").exists()
 
 
+def test_the_replayed_general_answers_get_sampled_answers_too_and_the_scored_ones_do_not(tiny_target, domain,
+                                                                                          learn_root):
+    """Sampled answers multiply the training requests, and the replayed general text with them, so
+    that its share of the training data stays what it was; the held-out requests and the general
+    set that scores candidates are never sampled from."""
+    import hashlib
+
+    from edge_eagle.bench.prompts import load_prompts
+    from edge_eagle.learn.run import GENERAL, SAMPLES
+    from edge_eagle.learn.store import WORK
+
+    _use(tiny_target, domain["base"], domain["seen"][:5], learn=True)
+    store = LearnStore(store_dir(tiny_target, domain["base"]))
+    requests = [p for p, _, _ in store.requests()]
+    adapt_store(tiny_target, domain["base"], store, AdaptOptions(steps=1, samples=1), general_prompts=1,
+                replay_prompts=2, progress=False, log=lambda s: None)
+    kept = json.loads((store.directory / GENERAL).read_text())
+    general = [r["prompt"] for r in kept]
+    category = {p.id: p.category for p in load_prompts("mtbench")}
+    assert len({category[r["id"]] for r in kept}) == 3  # MT-bench's categories in turn, not its first 3 questions
+
+    def key(prompt: list[int]) -> str:
+        return hashlib.sha1(json.dumps([list(prompt), 0.8]).encode()).hexdigest()
+
+    sampled = json.loads((store.directory / WORK / SAMPLES).read_text())
+    assert set(sampled) == {key(p) for p in requests[:4] + general[1:]}  # the newest request is held out
+    assert all(len(v) == 1 and v[0] for v in sampled.values())
+
+
 def test_a_swap_between_requests_keeps_greedy_output(tiny_target, domain, tmp_path):
     from edge_eagle.learn.adapt import model_weights
     from edge_eagle.learn.weights import reference_from_gguf

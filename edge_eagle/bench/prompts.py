@@ -45,6 +45,17 @@ def mtbench() -> list[BenchPrompt]:
             for q in _mtbench_questions() if q.get("turns")]
 
 
+def by_category_in_turn(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """The prompts reordered one category after another in turn (the first of each category in
+    the order they first appear, then the second of each, ...): any slice of the result spreads
+    over every category, where MT-bench's own order puts 10 of one category after another."""
+    groups: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    longest = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
+
+
 def mtbench_turn2() -> list[BenchPrompt]:
     """MT-bench's 80 second turns; bench first has the target answer the first turn (plain, greedy)."""
     return [BenchPrompt(str(q["question_id"]), q.get("category", "mtbench"), q["turns"][1], turns=tuple(q["turns"][:2]))

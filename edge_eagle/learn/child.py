@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--general-prompts", type=int, default=16)
+    ap.add_argument("--general-prompts", type=int, default=24)
     ap.add_argument("--samples", type=int, default=2)
     args = ap.parse_args(argv)
     if args.nice and hasattr(os, "nice"):

@@ -2,12 +2,12 @@
 
 The starting weights are the version in use (versions.py; the base drafter before the first).
 The general set that guards against forgetting is the first `general_prompts` MT-bench first
-turns, answered by the target (greedy, 96 tokens), kept as token ids in the store's folder
-(general.json) so every later adaptation is scored on the same text. The next `replay_prompts`
-MT-bench questions, answered the same way, are mixed into the training data (never scored on),
-so that the drafter keeps what it knew of general chat: measured on HumanEval requests, training
-on the user's requests alone raised their simulated tau 1.38 -> 2.01 but lost 4.6% on the
-general set, beyond the 2% the rule allows.
+turns taken from its 8 categories in turn, answered by the target (greedy, 96 tokens), kept as
+token ids in the store's folder (general.json) so every later adaptation is scored on the same
+text. The next `replay_prompts` such questions, answered the same way, are mixed into the
+training data (never scored on), so that the drafter keeps what it knew of general chat:
+measured on HumanEval requests, training on the user's requests alone raised their simulated
+tau 1.38 -> 2.01 but lost 4.6% on the general set, beyond the 2% the rule allows.
 """
 
 from __future__ import annotations
@@ -66,32 +66,35 @@ def sampled_answers(store_dir: Path, target_path: str | os.PathLike[str], drafte
 
 def general_requests(store_dir: Path, target_path: str | os.PathLike[str], n: int,
                      log: Callable[[str], Any] = print, n_threads: int | None = None) -> list[Request]:
-    """The store's first n general requests (made on first use: MT-bench first turns and the
-    target's answers): the general set, then the replay data after it."""
+    """The store's first n general requests (made on first use: MT-bench first turns, taken from
+    each of its 8 categories in turn, and the target's answers): the general set, then the
+    replay data after it. A file made from other questions is made again."""
+    from ..bench.prompts import by_category_in_turn, load_prompts
+
     if n <= 0:
         return []
+    prompts = by_category_in_turn(load_prompts("mtbench"))[:n]
     path = store_dir / GENERAL
     if path.is_file():
         data = json.loads(path.read_text())
-        if len(data) >= n:
+        if [r.get("id") for r in data[:n]] == [p.id for p in prompts]:
             return [(r["prompt"], r["answer"]) for r in data[:n]]
     from ..api import EdgeEagle
-    from ..bench.prompts import load_prompts
 
     log(f"answering {n} MT-bench prompts with the target for the general set (once per store)")
     out = []
     with EdgeEagle(target_path, None, n_ctx=2048, n_threads=n_threads) as ee:
-        for p in load_prompts("mtbench", n):
+        for p in prompts:
             text = ee.apply_chat_template([{"role": "user", "content": p.text}])
             ids = ee.target.tokenize(text, add_special=False)
             answer = ee.generate(ids, max_tokens=GENERAL_TOKENS, speculative=False, history=False).result()
-            out.append({"prompt": ids, "answer": answer.tokens})
+            out.append({"id": p.id, "prompt": ids, "answer": answer.tokens})
     atomic_write(path, json.dumps(out) + "\n")
     return [(r["prompt"], r["answer"]) for r in out]
 
 
 def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.PathLike[str], store: LearnStore,
-                opts: AdaptOptions, *, general_prompts: int = 16, replay_prompts: int = 32,
+                opts: AdaptOptions, *, general_prompts: int = 24, replay_prompts: int = 32,
                 out: str | os.PathLike[str] | None = None,
                 outtype: str = "q8_0", progress: bool = True, log: Callable[[str], Any] = print,
                 n_threads: int | None = None, watch: list[Request] | None = None) -> dict[str, Any]:
@@ -127,8 +130,10 @@ def adapt_store(target_path: str | os.PathLike[str], base_drafter: str | os.Path
                     bar.update(done - bar.n)
 
         def augment(train: list[Request]) -> list[Request]:
-            return sampled_answers(store.directory, target_path, start, train, opts.samples, opts.sample_temperature,
-                                   opts.max_answer, n_threads, log)
+            """The training requests' sampled answers, and the replayed ones' (which keeps the
+            share of general text in training as it was without samples)."""
+            return sampled_answers(store.directory, target_path, start, train + replay, opts.samples,
+                                   opts.sample_temperature, opts.max_answer, n_threads, log)
 
         result, model = adapt(target, start, requests, store.directory / WORK, opts, general=general,
                               replay=replay, watch=watch or (), augment=augment, progress=report)
