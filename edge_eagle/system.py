@@ -3,7 +3,8 @@
 llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36) repacks CPU weights into "extra
 buffer types" at load time: CPU_REPACK (interleaved Q4_0/Q4_K/IQ4_NL/Q8_0/... blocks for
 AVX2/AVX-512/NEON kernels) and, on CPUs with AMX when the build has AMX kernels, AMX. The
-AMX kernels segfault in ``ggml_backend_amx_mul_mat`` on batches of more than a couple of
+AMX kernels crash (a segfault, or "Illegal instruction" on a tile instruction) in
+``ggml_backend_amx_mul_mat`` on batches of more than a couple of
 tokens (ggml-org/llama.cpp#20824, closed unfixed). llama.cpp offers one switch for both,
 ``llama_model_params.use_extra_bufts`` (``--no-repack`` in its tools), so "auto" turns the
 extra buffer types off exactly when the AMX buffer type is among them and weights live on

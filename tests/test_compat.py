@@ -42,7 +42,12 @@ def _shape_missing(theirs: Any, ours: Any, path: str = "") -> list[str]:
 def pair(smollm):
     from llama_cpp import Llama
 
-    llama = Llama(model_path=str(smollm), n_ctx=512, n_threads=2, verbose=False, logits_all=True)
+    from edge_eagle._llama import llama_cpp_python_repack
+
+    # as edge-eagle loads its models: on a CPU and build with AMX kernels, llama.cpp's AMX
+    # matmul stops with "Illegal instruction" on the prompt's batch (system.AMX_BUG)
+    with llama_cpp_python_repack():
+        llama = Llama(model_path=str(smollm), n_ctx=512, n_threads=2, verbose=False, logits_all=True)
     with EdgeEagle(n_ctx=512) as ee:
         yield llama, ee
     llama.close()
