@@ -5,9 +5,21 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding in two sentences.
 export HF_HUB_OFFLINE := 1
 
-$(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile
+# llama.cpp compiles for the processor it is built on, so llama-cpp-python is installed from a
+# wheel built on this processor (scripts/install_llama.sh); a machine that moved to another
+# processor reinstalls it (the stamp carries the processor's key).
+CPU_KEY := $(shell python3 edge_eagle/cpu_key.py)
+
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.llama-$(CPU_KEY): | $(VENV)/bin/python
+	PYTHON=$(PY) scripts/install_llama.sh
+	rm -f $(VENV)/.llama-*
+	touch $@
+
+$(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile | $(VENV)/.llama-$(CPU_KEY)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[convert,test,peers,clients]"
 	$(PY) -m pip install --quiet --no-deps speculators==0.9.0 specforge==0.2.0

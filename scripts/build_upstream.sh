@@ -5,18 +5,19 @@
 #   scripts/build_upstream.sh            # prints the binary's path; builds once, then cached
 #   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" scripts/build_upstream.sh
 #
-# Cache: ${EDGE_EAGLE_CACHE:-~/.cache/edge-eagle}/llama.cpp-0.3.36[-<hash of CMAKE_ARGS>]/.
+# Cache: ${EDGE_EAGLE_CACHE:-~/.cache/edge-eagle}/llama.cpp-0.3.36-<processor key>[-<hash of CMAKE_ARGS>]/
+# (llama.cpp compiles for the processor it is built on; the key is edge_eagle/cpu_key.py's).
 # The sdist comes from PyPI (pip download), or from $LLAMA_CPP_PYTHON_SDIST if set.
 set -euo pipefail
 VERSION=0.3.36
 CACHE=${EDGE_EAGLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edge-eagle}
-SUFFIX=""
-if [ -n "${CMAKE_ARGS:-}" ]; then SUFFIX="-$(printf %s "$CMAKE_ARGS" | sha1sum | cut -c1-8)"; fi
+PY=${PYTHON:-python3}
+SUFFIX="-$("$PY" "$(cd "$(dirname "$0")" && pwd)/../edge_eagle/cpu_key.py")"
+if [ -n "${CMAKE_ARGS:-}" ]; then SUFFIX="$SUFFIX-$(printf %s "$CMAKE_ARGS" | sha1sum | cut -c1-8)"; fi
 DIR="$CACHE/llama.cpp-$VERSION$SUFFIX"
 BIN="$DIR/bin/llama-speculative-simple"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 
-PY=${PYTHON:-python3}
 mkdir -p "$DIR"
 WORK=$(mktemp -d "$DIR/build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -55,3 +55,43 @@ def test_moved_modules_keep_working_under_their_old_names():
     from edge_eagle.reference import Eagle3Config  # what apps import from the old name
     from edge_eagle.train.pipeline import init_model, train_drafter  # noqa: F401
     assert Eagle3Config.__module__ == "edge_eagle.checks.reference"
+
+
+def _cpuinfo(tmp_path: Path, name: str, flags: str) -> str:
+    path = tmp_path / name
+    path.write_text(f"processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: {flags}\n\n"
+                    f"processor\t: 1\nflags\t\t: {flags}\n")
+    return str(path)
+
+
+def test_native_builds_are_cached_per_processor_feature_set(tmp_path):
+    """llama.cpp compiles for the processor it is built on: a build cached on one processor
+    generation must not be found on another (it stops with "Illegal instruction")."""
+    from edge_eagle.cpu_key import cpu_key
+
+    older = _cpuinfo(tmp_path, "spr", "fpu sse avx2 avx512f amx_tile amx_int8")
+    same = _cpuinfo(tmp_path, "spr-reordered", "amx_int8 amx_tile avx512f avx2 sse fpu")
+    newer = _cpuinfo(tmp_path, "gnr", "fpu sse avx2 avx512f amx_tile amx_int8 amx_fp16")
+    assert cpu_key(older) == cpu_key(same)
+    assert cpu_key(older) != cpu_key(newer)
+    assert cpu_key(older).split("-")[0] == cpu_key(newer).split("-")[0]  # the machine type
+
+
+def test_the_upstream_binary_is_looked_up_under_this_processors_key(tmp_path, monkeypatch):
+    from edge_eagle.bench.runners import UPSTREAM_VERSION, upstream_binary
+    from edge_eagle.cpu_key import cpu_key
+
+    monkeypatch.delenv("EDGE_EAGLE_UPSTREAM_BIN", raising=False)
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    monkeypatch.setenv("EDGE_EAGLE_CACHE", str(tmp_path))
+    unkeyed = tmp_path / f"llama.cpp-{UPSTREAM_VERSION}" / "bin" / "llama-speculative-simple"
+    unkeyed.parent.mkdir(parents=True)
+    unkeyed.write_text("built on some other processor")
+    assert upstream_binary() is None
+    keyed = tmp_path / f"llama.cpp-{UPSTREAM_VERSION}-{cpu_key()}" / "bin" / "llama-speculative-simple"
+    keyed.parent.mkdir(parents=True)
+    keyed.write_text("built here")
+    assert upstream_binary() == keyed
+    # the script names its cache folder the same way
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "build_upstream.sh").read_text()
+    assert 'DIR="$CACHE/llama.cpp-$VERSION$SUFFIX"' in script and "cpu_key.py" in script
