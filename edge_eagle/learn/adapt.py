@@ -128,8 +128,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     reports extraction and training."""
     import torch
 
-    from ..train.trainer import simulated_acceptance
-    from ..train.ttt import ttt_loss
+    from ..train.trainer import adamw, optimizer_step, simulated_acceptance
     from .weights import reference_from_gguf
 
     opts = opts or AdaptOptions()
@@ -154,7 +153,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     tau_before, general_before = score(model, "heldout") or 0.0, score(model, "general")
     torch.manual_seed(opts.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+    optim = adamw(params, opts.lr, opts.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup))
     rng = np.random.default_rng(opts.seed)
     train_tokens = sum(len(a) for _, a in train_reqs)  # the user's: replayed general text not counted
@@ -183,12 +182,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
         for batch in sets["train"].batches(opts.batch_rows, rng):
             if step >= opts.steps or time.perf_counter() >= deadline or (should_stop is not None and should_stop()):
                 break
-            loss, _, _ = ttt_loss(model, batch, opts.ttt_steps, opts.step_decay)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
-            optim.step()
-            sched.step()
+            optimizer_step(model, batch, params, optim, sched, opts.ttt_steps, opts.step_decay, opts.grad_clip)
             step += 1
             seen += int(batch.valid.sum())
             if progress is not None:

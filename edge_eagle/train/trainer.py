@@ -227,6 +227,25 @@ def save_checkpoint(model: Eagle3Reference, out: Path, target: GGUFFile, meta: d
 STATE = "train_state.pt"  # beside the checkpoint: model, optimizer, scheduler, data position
 
 
+def adamw(params: list[Any], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """The drafter's optimizer (training and adaptation alike)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+
+
+def optimizer_step(model: Eagle3Reference, batch: Any, params: list[Any], optim: torch.optim.Optimizer,
+                   sched: Any, ttt_steps: int, step_decay: float,
+                   grad_clip: float) -> tuple[torch.Tensor, list[float], list[float]]:
+    """One step on a batch (training and adaptation alike): the TTT loss, clipped gradients, the
+    optimizer and the schedule; returns ttt_loss's (loss, per-step loss, per-step top-1)."""
+    loss, losses, accs = ttt_loss(model, batch, ttt_steps, step_decay)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optim.step()
+    sched.step()
+    return loss, losses, accs
+
+
 def simulated_acceptance(model: Eagle3Reference, data: FeatureData, steps: int, batch_rows: int = 4096) -> dict:
     """Greedy acceptance the drafter would get on `data` (held-out sequences of the target's own
     greedy answers), from its training-time-test states: a chain seeded at row P accepts its
@@ -353,7 +372,7 @@ class _Run:
     def __init__(self, model: Eagle3Reference, opts: TrainOptions, td: _TrainingData, state_path: Path):
         self.model, self.opts, self.td, self.state_path = model, opts, td, state_path
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optim = torch.optim.AdamW(self.params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+        self.optim = adamw(self.params, opts.lr, opts.weight_decay)
         def lr_scale(i: int) -> float:  # linear warm-up, then a cosine to 0 at opts.steps
             return min(1.0, (i + 1) / opts.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps)))
 
@@ -396,12 +415,8 @@ class _Run:
         """One optimizer step on a batch; its history record."""
         opts = self.opts
         batch = type(batch)(*(t.to(opts.device) for t in vars(batch).values()))
-        loss, losses, accs = ttt_loss(self.model, batch, opts.ttt_steps, opts.step_decay)
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, opts.grad_clip)
-        self.optim.step()
-        self.sched.step()
+        loss, losses, accs = optimizer_step(self.model, batch, self.params, self.optim, self.sched, opts.ttt_steps,
+                                            opts.step_decay, opts.grad_clip)
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "step_loss": losses, "top1": accs}
 
