@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -34,7 +33,7 @@ from .errors import ContextOverflowError, EdgeEagleError
 from .gguf_file import read_gguf
 from .grammar import Grammar
 from .learn import LearnStore, Versions
-from .learn.idle import IdleAdapter
+from .learn.idle import IdleAdapter, can_suspend
 from .options import LEARN_TOKENS, TREE_PATHS, EngineOptions
 from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
@@ -307,7 +306,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
     learn: keep each finished request's prompt and answer token ids (that is, its text) in the
         local store of this target and drafter (learn/store.py; at most learn_tokens tokens,
         the oldest requests going first). Off unless asked for: nothing is stored without it.
-        With an eagle3 drafter, learn_idle > 0 and SIGSTOP (not Windows), the drafter also adapts
+        With an eagle3 drafter and learn_idle > 0 (on Windows with psutil installed), the drafter also adapts
         in the background after learn_idle seconds without a generation, once learn_min_new more
         requests are kept (learn/idle.py; self.adapter); an accepted version is swapped in
         between generations.
@@ -374,7 +373,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                 adapted = versions.current_path() if isinstance(self.drafter, EagleDrafter) else None
                 if adapted is not None:  # --learn runs the latest accepted adaptation
                     self.swap_drafter(adapted, version=versions.current)
-                if self.learn_base is not None and learn_idle > 0 and hasattr(signal, "SIGSTOP"):
+                if self.learn_base is not None and learn_idle > 0 and can_suspend():
                     self.adapter = IdleAdapter(self, self.learn_base, idle_s=learn_idle, min_new=learn_min_new)
             except BaseException:
                 self.close()

@@ -61,8 +61,10 @@ def test_the_store_keeps_under_its_cap_by_dropping_the_oldest(tmp_path):
     kept = list(store.requests())
     assert store.status()["tokens"] <= 100
     assert [p[0] for p, _, _ in kept] == list(range(20, 30))  # the newest ten, oldest first
+    # at the cap the count stays, and the requests ever kept (what starts an adaptation) still grow
+    assert store.status()["requests"] == 10 and store.added() == 30
     assert not store.add([1] * 60, [2] * 41)  # longer than the cap alone: not kept, nothing dropped
-    assert len(list(store.requests())) == 10
+    assert len(list(store.requests())) == 10 and store.added() == 30
     (tmp_path / "s" / "work").mkdir()
     (tmp_path / "s" / "work" / "train.npz").write_bytes(b"features of the requests")
     assert store.reset() == 10 and not list(store.requests())

@@ -234,6 +234,38 @@ def _process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def _cpu_ticks(pid: int) -> int:
+    """The process's user and system time so far, in clock ticks (/proc's utime and stime)."""
+    return sum(int(x) for x in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's state in /proc")
+@pytest.mark.parametrize("signals", [True, False], ids=["signals", "psutil"])
+def test_the_background_child_stops_mid_work_and_goes_on(signals):
+    """Both ways of stopping the child: signals (POSIX) and psutil (Windows has no SIGSTOP; run
+    here through psutil's own POSIX implementation)."""
+    import subprocess
+
+    from edge_eagle.learn.idle import resume, suspend
+
+    busy = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 60: pass"
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        _wait(lambda: _process_state(child.pid) == "R", 10, "the child to run")
+        suspend(child, signals=signals)
+        _wait(lambda: _process_state(child.pid) == "T", 10, "the child to stop")
+        ticks = lambda: _cpu_ticks(child.pid)  # noqa: E731
+        before = ticks()
+        time.sleep(0.5)
+        assert ticks() == before  # no CPU time while stopped
+        resume(child, signals=signals)
+        _wait(lambda: ticks() > before, 10, "the child to run again")
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's state in /proc")
 def test_the_server_adapts_when_idle_stops_for_a_request_and_swaps_between_requests(tiny_target, domain,
                                                                                       learn_root):

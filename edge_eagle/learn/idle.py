@@ -7,10 +7,11 @@ generation holds it; the server also says when requests wait in its queue.
   `min_new` requests more than at the last adaptation.
 - **How:** `python -m edge_eagle.learn.child`, niced (`nice`) with at most `threads` threads
   (torch's and llama.cpp's), writing its report to a file and its messages to adapt.log.
-- **Yielding:** when a request is admitted (or a generation starts), the child gets SIGSTOP at once: it stops mid-step,
-  holding its memory but no core, so the request waits for nothing. It gets SIGCONT after
-  `idle_s` seconds without requests. (Where there is no SIGSTOP, on Windows, nothing runs in
-  the background: `learn adapt` by hand.)
+- **Yielding:** when a request is admitted (or a generation starts), the child is suspended at
+  once (SIGSTOP; on Windows, where there is none, psutil's suspend, which suspends its threads):
+  it stops mid-step, holding its memory but no core, so the request waits for nothing. It
+  resumes (SIGCONT, or psutil's resume) after `idle_s` seconds without requests. Windows also
+  has no `nice`: the child is started in the below-normal priority class there.
 - **Swap:** an accepted version becomes the engine's drafter through EdgeEagle.swap_drafter,
   which waits for the engine's lock: between requests, the target and its caches untouched.
 """
@@ -31,13 +32,43 @@ from typing import Any, Callable
 
 log = logging.getLogger("edge_eagle.learn")
 LOG = "adapt.log"  # the last background adaptation's messages, beside the store
+SIGNALS = hasattr(signal, "SIGSTOP")  # POSIX; Windows suspends through psutil
+
+
+def can_suspend() -> bool:
+    """Whether a child process can be stopped mid-step here (SIGSTOP, or psutil on Windows)."""
+    if SIGNALS:
+        return True
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def suspend(child: subprocess.Popen, signals: bool = SIGNALS) -> None:
+    if signals:
+        child.send_signal(signal.SIGSTOP)
+    else:
+        import psutil
+
+        psutil.Process(child.pid).suspend()
+
+
+def resume(child: subprocess.Popen, signals: bool = SIGNALS) -> None:
+    if signals:
+        child.send_signal(signal.SIGCONT)
+    else:
+        import psutil
+
+        psutil.Process(child.pid).resume()
 
 
 class IdleAdapter:
     def __init__(self, engine: Any, base_drafter: str | os.PathLike[str], *, idle_s: float = 5.0, min_new: int = 16,
                  threads: int | None = None, nice: int = 10, steps: int = 300, minutes: float = 10.0,
                  lr: float = 2e-4, general_prompts: int = 24, samples: int = 2, tick_s: float = 0.2,
-                 clock: Callable[[], float] = time.monotonic):
+                 recount_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         if engine.learn_store is None:
             raise ValueError("an IdleAdapter needs an engine made with learn=True")
         self.engine, self.base = engine, Path(base_drafter)
@@ -45,7 +76,7 @@ class IdleAdapter:
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
         self.steps, self.minutes, self.lr, self.general_prompts = steps, minutes, lr, general_prompts
         self.samples = samples  # answers sampled per training prompt (AdaptOptions.samples)
-        self.tick_s, self.clock = tick_s, clock
+        self.tick_s, self.recount_s, self.clock = tick_s, recount_s, clock
         self._lock = threading.Lock()
         self._queued = 0  # requests admitted and not finished (the server's queue)
         self._running = 0  # generations holding the engine
@@ -54,7 +85,9 @@ class IdleAdapter:
         self._paused = False
         self._held = False  # hold(): stopped and not started, whatever the idle time
         self._report_path: Path | None = None
-        self._learned_at = self._kept()  # requests in the store when the last adaptation started
+        self._learned_at = self._kept()  # requests ever kept when the last adaptation started
+        self._new_requests = False  # a generation ended since the store was last counted
+        self._counted_at = clock()
         self.reports: list[dict[str, Any]] = []  # every finished adaptation's report, oldest first
         self.state = "waiting"  # waiting, training, paused
         self._stop = threading.Event()
@@ -62,7 +95,19 @@ class IdleAdapter:
         self._thread.start()
 
     def _kept(self) -> int:
-        return int(self.engine.learn_store.status()["requests"])
+        return self.engine.learn_store.added()
+
+    def _enough_new(self) -> bool:
+        """Whether min_new requests were kept since the last adaptation began. The store is read
+        after a generation ended, or every recount_s (another process may share the store)."""
+        now = self.clock()
+        if not self._new_requests and now - self._counted_at < self.recount_s:
+            return False
+        self._new_requests, self._counted_at = False, now
+        kept = self._kept()
+        if kept < self._learned_at:  # the store was reset
+            self._learned_at = 0
+        return kept - self._learned_at >= self.min_new
 
     # --- called by the engine and the server -----------------------------------------------------
 
@@ -77,6 +122,7 @@ class IdleAdapter:
         """A generation took (+1) or left (-1) the engine (EdgeEagle._acquire)."""
         with self._lock:
             self._running = max(0, self._running + delta)
+            self._new_requests = self._new_requests or delta < 0
             self._touch()
 
     def hold(self, on: bool = True) -> None:
@@ -91,7 +137,7 @@ class IdleAdapter:
         self._last_activity = self.clock()
         if (self._active or self._held) and self._child is not None and not self._paused \
                 and self._child.poll() is None:
-            self._child.send_signal(signal.SIGSTOP)
+            suspend(self._child)
             self._paused, self.state = True, "paused"
 
     @property
@@ -123,13 +169,13 @@ class IdleAdapter:
             idle = not self._active and not self._held and self.clock() - self._last_activity >= self.idle_s
             child = self._child
             if child is not None and self._paused and idle:
-                child.send_signal(signal.SIGCONT)
+                resume(child)
                 self._paused, self.state = False, "training"
         if child is not None:
             if child.poll() is not None:
                 self._finished(child)
             return
-        if idle and self._kept() - self._learned_at >= self.min_new:
+        if idle and self._enough_new():
             self._start()
 
     def _start(self) -> None:
@@ -148,7 +194,9 @@ class IdleAdapter:
                 return
             # its messages (llama.cpp logs a lot) go to a file: a pipe nobody reads would block it
             with open(store.directory / LOG, "wb") as err:
-                self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                below_normal = getattr(subprocess, "BELOW_NORMAL_PRIORITY_CLASS", 0)  # Windows: no nice
+                self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                               creationflags=below_normal if self.nice else 0)
             self._paused, self.state = False, "training"
 
     def _finished(self, child: subprocess.Popen) -> None:

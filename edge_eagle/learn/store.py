@@ -205,6 +205,13 @@ class LearnStore:
         for prompt, answer, finished in rows:
             yield _unpack(prompt), _unpack(answer), float(finished)
 
+    def added(self) -> int:
+        """Requests ever kept in this store (the id sequence): unlike the count, it keeps growing
+        once the cap evicts the oldest, so it tells how many are new since some moment."""
+        with closing(self._connect()) as db:
+            row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'requests'").fetchone()
+        return int(row[0]) if row else 0
+
     def status(self) -> dict[str, Any]:
         with closing(self._connect()) as db:
             n, tokens, first, last = db.execute(
