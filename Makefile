@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 
 # llama.cpp compiles for the processor it is built on, so llama-cpp-python is installed from a
 # wheel built on this processor (scripts/install_llama.sh); a machine that moved to another
-# processor reinstalls it (the stamp carries the processor's key).
+# processor reinstalls it (the stamp carries the build key: the processor's, and CMAKE_ARGS' hash when set).
 CPU_KEY := $(shell python3 edge_eagle/cpu_key.py)
 
 $(VENV)/bin/python:

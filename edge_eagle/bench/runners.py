@@ -21,7 +21,7 @@ from typing import Sequence
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from .._llama import llama_cpp_python_repack
-from ..cpu_key import cpu_key
+from ..cpu_key import build_key
 from ..errors import EdgeEagleError
 from ..fsutil import cache_dir
 from ..stats import SpecStats
@@ -169,12 +169,7 @@ def upstream_binary(build: bool = False) -> Path | None:
     if env:
         return Path(env) if Path(env).is_file() else None
     cache = Path(os.environ.get("EDGE_EAGLE_CACHE") or cache_dir())
-    suffix = "-" + cpu_key()  # as scripts/build_upstream.sh names it
-    if os.environ.get("CMAKE_ARGS"):
-        import hashlib
-
-        suffix += "-" + hashlib.sha1(os.environ["CMAKE_ARGS"].encode()).hexdigest()[:8]
-    binary = cache / f"llama.cpp-{UPSTREAM_VERSION}{suffix}" / "bin" / "llama-speculative-simple"
+    binary = cache / f"llama.cpp-{UPSTREAM_VERSION}-{build_key()}" / "bin" / "llama-speculative-simple"
     if binary.is_file():
         return binary
     if not build:
