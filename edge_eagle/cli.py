@@ -329,7 +329,8 @@ def _learn_adapt(store: Any, base: Path, args: argparse.Namespace, extra: dict |
     from .learn.adapt import AdaptOptions
     from .learn.run import adapt_store
 
-    opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr, samples=args.samples)
+    opts = AdaptOptions(minutes=args.minutes, steps=args.steps, lr=args.lr, samples=args.samples,
+                        vocab_swap=args.vocab_swap)
     report = adapt_store(args.target or defaults.default_target(), base, store, opts,
                          general_prompts=args.general_prompts, replay_prompts=args.replay_prompts, out=args.out,
                          progress=not args.json,
@@ -344,7 +345,9 @@ def _learn_adapt(store: Any, base: Path, args: argparse.Namespace, extra: dict |
                    f"; general set {report['general_before']:.3f} -> {report['general_after']:.3f}")
         print(f"Adapted on {report['train_requests']} requests ({report['train_tokens']} answer tokens, "
               f"{report['steps']} steps, {report['train_s']:.0f} s): tau on {report['heldout_requests']} held-out "
-              f"requests {report['tau_before']:.3f} -> {report['tau_after']:.3f}{general}; {verdict}.")
+              f"requests {report['tau_before']:.3f} -> {report['tau_after']:.3f}{general}"
+              f"{f'; {swapped} draft-vocabulary entries swapped' if (swapped := report.get('vocab_swapped')) else ''}"
+              f"; {verdict}.")
     return 0
 
 
@@ -441,6 +444,9 @@ def _add_learn(sub: Any) -> None:
                     "target's answers, mixed into training against forgetting (default 32)")
     ln.add_argument("--samples", type=int, default=2, help="adapt: answers the target samples for each training "
                     "prompt, trained on beside the kept answer (default 2; kept in work/ for later runs; 0: none)")
+    ln.add_argument("--vocab-swap", type=int, default=0, help="adapt: draft-vocabulary entries no text uses that may "
+                    "be swapped for tokens your requests use and the drafter's vocabulary lacks (default 0: the "
+                    "vocabulary stays)")
     ln.add_argument("--text", action="store_true", help="export: also the text (detokenized by the target)")
     ln.add_argument("--speculators", metavar="DIR", help="export: write the adapted drafter in use as a speculators "
                     "checkpoint to DIR (for vLLM or SGLang) instead of the requests")

@@ -389,3 +389,51 @@ def test_learning_from_files_before_any_use(tiny_target, domain, learn_root, tmp
     assert report["skipped"] == [str(code / "blob.bin")]
     assert report["accepted"] and out.is_file(), report["reason"]
     assert len(list(LearnStore(store_dir(tiny_target, domain["base"])).requests())) == report["from_requests"]
+
+
+def test_the_draft_vocabulary_takes_the_users_missing_tokens(tiny_target, domain, tmp_path):
+    """A drafter whose vocabulary lacks the domain's most frequent tokens can never draft them;
+    with vocab_swap, adaptation swaps unused entries for them (the vocabulary stays ascending
+    and unique), and the adapted drafter drafts them: higher acceptance than adapting without
+    the swap, and greedy output still the target's."""
+    from collections import Counter
+
+    from edge_eagle.learn.adapt import widen_vocabulary
+
+    target = read_gguf(tiny_target)
+    counts = Counter(t for p in domain["seen"] for t in domain["answers"][p])
+    dropped = [t for t, _ in counts.most_common(4)]
+    vocab = sorted(set(read_drafter(domain["base"], target)[1]["d2t"].tolist()) - set(dropped))
+    cfg = drafter_config(target, len(vocab), fc_norm=True, norm_output=True)
+    model = random_reference(cfg, seed=5, embed=torch.from_numpy(target.tensor_array("token_embd.weight")),
+                             d2t=torch.tensor(vocab))
+    narrow = write_eagle3(tmp_path / "narrow.gguf", reference_weights(model), cfg, target)
+
+    used = {t for a in domain["answers"].values() for t in a}
+    assert widen_vocabulary(model, target, dict(counts), used, limit=2, min_count=2) == 2
+    d2t = model.d2t.numpy()
+    assert set(dropped[:2]) <= set(d2t.tolist()) and np.all(np.diff(d2t) > 0) and len(d2t) == len(vocab)
+    assert not used & (set(vocab) - set(d2t.tolist()))  # only entries no text uses were given up
+
+    from edge_eagle.learn.adapt import adapt, model_weights
+    from edge_eagle.target import Target
+
+    runtime = Target(tiny_target, n_ctx=256, n_batch=256)
+    try:
+        requests = [(runtime.tokenize(p), domain["answers"][p]) for p in domain["seen"]]
+        results = {}
+        for name, swap in (("kept", 0), ("wide", 64)):
+            result, adapted = adapt(runtime, narrow, requests, tmp_path / name,
+                                    AdaptOptions(steps=60, lr=2e-3, batch_rows=512, samples=0, vocab_swap=swap))
+            write_eagle3(tmp_path / f"{name}.gguf", model_weights(adapted), adapted.cfg, target)
+            results[name] = result
+    finally:
+        runtime.close()
+    kept, wide = results["kept"], results["wide"]
+    assert kept.vocab_swapped == 0 and wide.vocab_swapped >= len(dropped), wide
+    assert set(dropped) <= set(read_drafter(tmp_path / "wide.gguf", target)[1]["d2t"].tolist())
+    assert wide.tau_after > kept.tau_after + 0.1, (kept.tau_after, wide.tau_after)
+    texts, tau_wide, _ = _use(tiny_target, tmp_path / "wide.gguf", domain["unseen"])
+    _, tau_kept, _ = _use(tiny_target, tmp_path / "kept.gguf", domain["unseen"])
+    assert texts == [domain["answers"][p] for p in domain["unseen"]]  # greedy = plain decoding
+    assert tau_wide > tau_kept, (tau_kept, tau_wide)  # measured through llama.cpp, unseen prompts

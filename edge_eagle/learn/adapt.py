@@ -24,6 +24,14 @@ it measures better.
    requests, simulated decoding tau on unseen problems went 1.376 -> 1.505 after 120 steps on
    the kept answers alone, and -> 1.563 after 120 (1.611 after 240) with two sampled answers
    more per prompt.
+6. The draft vocabulary can follow the user's text (`vocab_swap`): a drafter's vocabulary is
+   the most frequent tokens of its own training data, and a domain's text has others (93% of
+   HumanEval answers' tokens are in the shipped drafter's 8,192, so about one position in 14
+   can never be drafted). Tokens the training text holds at least `vocab_min_count` times and
+   the vocabulary lacks replace entries that none of the text at hand uses (the highest ids
+   first: a BPE vocabulary numbers its rarer merges later), at most `vocab_swap` of them; a new
+   entry's lm_head row starts from the target's own output row for that token, scaled to the
+   drafter's rows, as training initialises the head. The vocabulary stays in ascending order.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ class AdaptOptions:
     max_answer: int = 512  # answer tokens per request used (a longer answer is cut)
     samples: int = 2  # answers the target samples per training prompt, trained on beside the kept one
     sample_temperature: float = 0.8
+    vocab_swap: int = 0  # draft-vocabulary entries that may be swapped for the user's missing tokens (0: none)
+    vocab_min_count: int = 2  # a missing token is added when the training text holds it this often
     seed: int = 0
 
 
@@ -77,6 +87,7 @@ class AdaptResult:
     extract_s: float
     history: list[dict[str, Any]] = field(default_factory=list)  # per eval: step, tokens seen, slice and general tau
     chosen_step: int = 0  # the step whose weights are the candidate (early stopping)
+    vocab_swapped: int = 0  # draft-vocabulary entries swapped for the user's tokens (AdaptOptions.vocab_swap)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,9 +152,9 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     extra = augment(train_reqs) if augment is not None and train_reqs else []
     model = reference_from_gguf(drafter_path, target.gguf)
     t0 = time.perf_counter()
+    training = train_reqs + extra + [(list(p), list(a)) for p, a in replay]
     sets = _feature_sets(target, model, work, opts, progress,
-                         {"train": train_reqs + extra + [(list(p), list(a)) for p, a in replay], "heldout": held_reqs,
-                          "general": list(general), "watch": list(watch)})
+                         {"train": training, "heldout": held_reqs, "general": list(general), "watch": list(watch)})
     extract_s = time.perf_counter() - t0
 
     def score(m: Any, name: str) -> float | None:
@@ -151,6 +162,18 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
         return simulated_acceptance(m, data, opts.ttt_steps)["tau_decode"] if data.seqs else None
 
     tau_before, general_before = score(model, "heldout") or 0.0, score(model, "general")
+    watch_before = score(model, "watch")
+    swapped = 0
+    if opts.vocab_swap > 0:
+        from ..train.trainer import draft_index
+
+        counts = token_counts(train_reqs + extra, opts.max_answer)
+        used = token_counts(training + held_reqs + list(general), opts.max_answer, prompts=True)
+        swapped = widen_vocabulary(model, target.gguf, counts, set(used), opts.vocab_swap, opts.vocab_min_count)
+        if swapped:
+            t2d = draft_index(model.d2t.numpy(), target.gguf.vocab_size)
+            for data in sets.values():
+                data.t2d = t2d
     torch.manual_seed(opts.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = adamw(params, opts.lr, opts.weight_decay)
@@ -158,7 +181,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     rng = np.random.default_rng(opts.seed)
     train_tokens = sum(len(a) for _, a in train_reqs)  # the user's: replayed general text not counted
     history: list[dict[str, Any]] = [{"step": 0, "tokens_seen": 0, "tau": tau_before, "general": general_before,
-                                      "watch": score(model, "watch")}]
+                                      "watch": watch_before}]
     step, seen, t1 = 0, 0, time.perf_counter()
     deadline = t1 + 60.0 * opts.minutes
     eval_every = max(1, opts.steps // 6)
@@ -202,8 +225,57 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     accepted, reason = _verdict(opts, step, tau_before, tau_after, general_before, general_after)
     result = AdaptResult(accepted, reason, tau_before, tau_after, general_before, general_after,
                          len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
-                         round(extract_s, 2), history, best[1] if best is not None else step)
+                         round(extract_s, 2), history, best[1] if best is not None else step, swapped)
     return result, model
+
+
+def token_counts(requests: Sequence[Request], max_answer: int, *, prompts: bool = False) -> dict[int, int]:
+    """How often each token comes in the requests' answers (cut at max_answer), and with prompts
+    in their prompts too."""
+    from collections import Counter
+
+    counts: Counter[int] = Counter()
+    for prompt, answer in requests:
+        counts.update(int(t) for t in list(answer)[:max_answer])
+        if prompts:
+            counts.update(int(t) for t in prompt)
+    return dict(counts)
+
+
+def widen_vocabulary(model: Any, target: Any, counts: dict[int, int], used: set[int], limit: int,
+                     min_count: int) -> int:
+    """Swap up to `limit` draft-vocabulary entries that no text in `used` holds (never a control
+    token; the highest ids first) for the tokens `counts` holds at least min_count times that the
+    vocabulary lacks (the most frequent first). A new entry's lm_head row is the target's output
+    row for the token, scaled by the ratio of the drafter's row norms to the target's rows of its
+    own vocabulary. Returns how many entries were swapped; the vocabulary stays ascending."""
+    import torch
+
+    from .. import gguf_keys as K
+
+    d2t = model.d2t.numpy().astype(np.int64)
+    have = set(d2t.tolist())
+    missing = sorted((t for t, n in counts.items() if n >= min_count and t not in have and 0 <= t < target.vocab_size),
+                     key=lambda t: (-counts[t], t))
+    types = target.meta.get("tokenizer.ggml.token_type")
+    control = set(np.flatnonzero(np.asarray(types) != 1).tolist()) if types is not None else set()
+    keep = used | control
+    spare = [i for i in np.argsort(-d2t, kind="stable").tolist() if int(d2t[i]) not in keep]
+    n = min(limit, len(missing), len(spare))
+    if n == 0:
+        return 0
+    head_name = K.T_OUTPUT if K.T_OUTPUT in target.tensors else K.T_TOKEN_EMBD
+    head = np.asarray(target.tensor_array(head_name), np.float32)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        scale = float(w.norm(dim=1).mean()) / float(np.linalg.norm(head[d2t], axis=1).mean())
+        for slot, token in zip(spare[:n], missing[:n]):
+            d2t[slot] = token
+            w[slot] = torch.from_numpy(head[token] * scale)
+        order = np.argsort(d2t, kind="stable")
+        w.copy_(w[torch.from_numpy(order)].clone())
+        model.d2t.copy_(torch.from_numpy(d2t[order]))
+    return n
 
 
 def _feature_sets(target: Any, model: Any, work: Path, opts: AdaptOptions,
