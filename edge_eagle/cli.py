@@ -436,14 +436,14 @@ def _add_learn(sub: Any) -> None:
     ln.add_argument("--out", help="export: the JSONL file to write ('-': standard output); adapt: also write an "
                     "accepted drafter to this GGUF")
     ln.add_argument("--minutes", type=float, default=10.0, help="adapt: wall-time bound of training (default 10)")
-    ln.add_argument("--steps", type=int, default=300, help="adapt: optimizer steps at most (default 300)")
+    ln.add_argument("--steps", type=int, default=900, help="adapt: optimizer steps at most (default 900)")
     ln.add_argument("--lr", type=float, default=2e-4, help="adapt: learning rate (default 2e-4)")
     ln.add_argument("--general-prompts", type=int, default=24, help="adapt: MT-bench prompts in the general set "
                     "a candidate may not lose more than 2%% tau on (default 24, 3 of each category; 0: none)")
     ln.add_argument("--replay-prompts", type=int, default=32, help="adapt: further MT-bench questions, with the "
                     "target's answers, mixed into training against forgetting (default 32)")
-    ln.add_argument("--samples", type=int, default=2, help="adapt: answers the target samples for each training "
-                    "prompt, trained on beside the kept answer (default 2; kept in work/ for later runs; 0: none)")
+    ln.add_argument("--samples", type=int, default=4, help="adapt: answers the target samples for each training "
+                    "prompt, trained on beside the kept answer (default 4; kept in work/ for later runs; 0: none)")
     ln.add_argument("--vocab-swap", type=int, default=0, help="adapt: draft-vocabulary entries no text uses that may "
                     "be swapped for tokens your requests use and the drafter's vocabulary lacks (default 0: the "
                     "vocabulary stays)")

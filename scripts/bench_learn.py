@@ -3,7 +3,7 @@
 kept with --learn, one `learn adapt`, then acceptance on unseen prompts of the domain.
 
     python scripts/bench_learn.py [--domain humaneval|gsm8k] [--stream 60] [--unseen 24] [-n 128]
-                                  [--steps 120] [--minutes 30] [--batch-rows 256] [--k 5] [--tree 7]
+                                  [--steps 900] [--minutes 30] [--batch-rows 256] [--k 5] [--tree 7]
                                   [--mtbench 24] [--vocab-swap N] [--stream-cache DIR]
                                   [--no-measure] [--json OUT]
 
@@ -176,7 +176,7 @@ def main() -> int:
     ap.add_argument("--unseen", type=int, default=24)
     ap.add_argument("-n", type=int, default=128, help="answer tokens per streamed request")
     ap.add_argument("--eval-n", type=int, default=96, help="tokens per measured prompt")
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=900)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--batch-rows", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-4)
@@ -185,7 +185,7 @@ def main() -> int:
     ap.add_argument("--mtbench", type=int, default=24)
     ap.add_argument("--general-prompts", type=int, default=24)
     ap.add_argument("--replay-prompts", type=int, default=32)
-    ap.add_argument("--samples", type=int, default=2, help="answers sampled per training prompt (learn adapt's)")
+    ap.add_argument("--samples", type=int, default=4, help="answers sampled per training prompt (learn adapt's)")
     ap.add_argument("--latency", type=int, default=0, help="time to first token of this many requests per "
                     "condition with the background adaptation training, held, and off (0: not measured)")
     ap.add_argument("--gap", type=float, default=3.0, help="idle seconds before each --latency request")

@@ -17,11 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--nice", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=900)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--general-prompts", type=int, default=24)
-    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=4)
     args = ap.parse_args(argv)
     if args.nice and hasattr(os, "nice"):
         os.nice(args.nice)

@@ -66,8 +66,8 @@ def resume(child: subprocess.Popen, signals: bool = SIGNALS) -> None:
 
 class IdleAdapter:
     def __init__(self, engine: Any, base_drafter: str | os.PathLike[str], *, idle_s: float = 5.0, min_new: int = 16,
-                 threads: int | None = None, nice: int = 10, steps: int = 300, minutes: float = 10.0,
-                 lr: float = 2e-4, general_prompts: int = 24, samples: int = 2, tick_s: float = 0.2,
+                 threads: int | None = None, nice: int = 10, steps: int = 900, minutes: float = 10.0,
+                 lr: float = 2e-4, general_prompts: int = 24, samples: int = 4, tick_s: float = 0.2,
                  recount_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         if engine.learn_store is None:
             raise ValueError("an IdleAdapter needs an engine made with learn=True")
