@@ -163,17 +163,8 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
 
     tau_before, general_before = score(model, "heldout") or 0.0, score(model, "general")
     watch_before = score(model, "watch")
-    swapped = 0
-    if opts.vocab_swap > 0:
-        from ..train.trainer import draft_index
-
-        counts = token_counts(train_reqs + extra, opts.max_answer)
-        used = token_counts(training + held_reqs + list(general), opts.max_answer, prompts=True)
-        swapped = widen_vocabulary(model, target.gguf, counts, set(used), opts.vocab_swap, opts.vocab_min_count)
-        if swapped:
-            t2d = draft_index(model.d2t.numpy(), target.gguf.vocab_size)
-            for data in sets.values():
-                data.t2d = t2d
+    swapped = _swap_vocabulary(model, target.gguf, opts, train_reqs + extra, training + held_reqs + list(general),
+                               sets) if opts.vocab_swap > 0 else 0
     torch.manual_seed(opts.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = adamw(params, opts.lr, opts.weight_decay)
@@ -227,6 +218,22 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
                          len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
                          round(extract_s, 2), history, best[1] if best is not None else step, swapped)
     return result, model
+
+
+def _swap_vocabulary(model: Any, target: Any, opts: AdaptOptions, own: list[Request], texts: list[Request],
+                     sets: dict[str, Any]) -> int:
+    """widen_vocabulary with the user's training requests' tokens (own) against every text at
+    hand (texts); the feature sets then map labels to the new vocabulary."""
+    from ..train.trainer import draft_index
+
+    counts = token_counts(own, opts.max_answer)
+    used = token_counts(texts, opts.max_answer, prompts=True)
+    swapped = widen_vocabulary(model, target, counts, set(used), opts.vocab_swap, opts.vocab_min_count)
+    if swapped:
+        t2d = draft_index(model.d2t.numpy(), target.vocab_size)
+        for data in sets.values():
+            data.t2d = t2d
+    return swapped
 
 
 def token_counts(requests: Sequence[Request], max_answer: int, *, prompts: bool = False) -> dict[int, int]:
