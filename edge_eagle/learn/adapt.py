@@ -258,7 +258,7 @@ def widen_vocabulary(model: Any, target: Any, counts: dict[int, int], used: set[
     own vocabulary. Returns how many entries were swapped; the vocabulary stays ascending."""
     import torch
 
-    from .. import gguf_keys as K
+    from ..train.trainer import output_head
 
     d2t = model.d2t.numpy().astype(np.int64)
     have = set(d2t.tolist())
@@ -271,8 +271,7 @@ def widen_vocabulary(model: Any, target: Any, counts: dict[int, int], used: set[
     n = min(limit, len(missing), len(spare))
     if n == 0:
         return 0
-    head_name = K.T_OUTPUT if K.T_OUTPUT in target.tensors else K.T_TOKEN_EMBD
-    head = np.asarray(target.tensor_array(head_name), np.float32)
+    head = output_head(target)
     with torch.no_grad():
         w = model.lm_head.weight
         scale = float(w.norm(dim=1).mean()) / float(np.linalg.norm(head[d2t], axis=1).mean())

@@ -66,6 +66,12 @@ def draft_index(d2t: np.ndarray, vocab_size: int) -> np.ndarray:
     return t2d
 
 
+def output_head(target: GGUFFile) -> np.ndarray:
+    """The target's output head [vocab, hidden] (float32, dequantised): output.weight, or the token
+    embedding where the two are tied."""
+    return np.asarray(target.tensor_array(K.T_OUTPUT if K.T_OUTPUT in target.tensors else K.T_TOKEN_EMBD), np.float32)
+
+
 def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, opts: TrainOptions) -> Eagle3Reference:
     h = int(target.require(K.EMBEDDING_LENGTH))
     heads = int(target.require(K.HEAD_COUNT))
@@ -86,8 +92,7 @@ def init_model(target: GGUFFile, layers: tuple[int, int, int], d2t: np.ndarray, 
     with torch.no_grad():
         model.d2t.copy_(torch.from_numpy(d2t))
         # start from the target's own output head and final norm, restricted to the draft vocabulary
-        head = target.tensor_array(K.T_OUTPUT) if K.T_OUTPUT in target.tensors else embed.numpy()
-        model.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)[d2t]))
+        model.lm_head.weight.copy_(torch.from_numpy(output_head(target)[d2t]))
         model.norm.weight.copy_(torch.from_numpy(target.tensor_array(K.T_OUTPUT_NORM)))
         if opts.freeze_head:
             model.lm_head.weight.requires_grad_(False)
