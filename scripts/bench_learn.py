@@ -180,6 +180,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--batch-rows", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr-final", type=float, default=AdaptOptions.lr_final,
+                    help="the learning rate at the last step as a share of --lr (cosine; 1: constant)")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--tree", type=int, default=7)
     ap.add_argument("--mtbench", type=int, default=24)
@@ -221,9 +223,9 @@ def main() -> int:
     watch = list(plain_answers(unseen, args.eval_n).values())  # the curve: tau on unseen prompts while learning
 
     cpu0, t0 = time.process_time(), time.perf_counter()
-    report = adapt_store(target, base, store, AdaptOptions(steps=args.steps, minutes=args.minutes, lr=args.lr,
-                                                           batch_rows=args.batch_rows, samples=args.samples,
-                                                           vocab_swap=args.vocab_swap),
+    opts = AdaptOptions(steps=args.steps, minutes=args.minutes, lr=args.lr, lr_final=args.lr_final,
+                        batch_rows=args.batch_rows, samples=args.samples, vocab_swap=args.vocab_swap)
+    report = adapt_store(target, base, store, opts,
                          general_prompts=args.general_prompts, replay_prompts=args.replay_prompts,
                          out=work / "adapted.gguf", watch=watch,
                          log=lambda s: print(s, file=sys.stderr))

@@ -437,3 +437,19 @@ def test_the_draft_vocabulary_takes_the_users_missing_tokens(tiny_target, domain
     _, tau_kept, _ = _use(tiny_target, tmp_path / "kept.gguf", domain["unseen"])
     assert texts == [domain["answers"][p] for p in domain["unseen"]]  # greedy = plain decoding
     assert tau_wide > tau_kept, (tau_kept, tau_wide)  # measured through llama.cpp, unseen prompts
+
+
+def test_the_learning_rate_warms_up_then_falls_to_its_final_share_by_the_last_step():
+    """lr_final is the rate's share at step `steps`, reached by a falling cosine after the
+    linear warm-up; 1 keeps the rate constant after the warm-up."""
+    from edge_eagle.learn.adapt import lr_scale
+
+    opts = AdaptOptions(steps=200, warmup=10, lr_final=0.1)
+    scales = [lr_scale(opts, i) for i in range(300)]
+    assert scales[0] == pytest.approx(0.1) and scales[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(scales[:10], scales[1:10]))  # warm-up rises
+    assert all(a >= b for a, b in zip(scales[10:200], scales[11:201]))  # then falls
+    assert scales[105] == pytest.approx(0.55, abs=0.01)  # the cosine's middle
+    assert scales[200] == pytest.approx(0.1) and scales[299] == pytest.approx(0.1)  # and stays at the floor
+    flat = AdaptOptions(steps=200, warmup=10, lr_final=1.0)
+    assert [lr_scale(flat, i) for i in range(10, 300)] == [1.0] * 290

@@ -9,7 +9,9 @@ it measures better.
    (train/extract.py's format).
 3. The drafter, read back from its GGUF (learn/weights.py), trains with the trainer's
    training-time-test loss (train/ttt.py) at a fine-tuning learning rate, for at most `steps`
-   steps or `minutes` of wall time, whichever ends first. Its draft vocabulary (d2t) stays.
+   steps or `minutes` of wall time, whichever ends first. The rate warms up linearly over
+   `warmup` steps, then falls by a cosine to `lr_final` of itself at step `steps` (lr_scale; a
+   run cut short by `minutes` stops higher on the curve). Its draft vocabulary (d2t) stays.
 4. Candidate and current drafter are scored by simulated greedy acceptance on the held-out
    slice and, when given, on a fixed general set: the tau that greedy decoding with a chain of
    `ttt_steps` drafts would report (train/trainer.simulated_acceptance's tau_decode, within
@@ -54,6 +56,7 @@ class AdaptOptions:
     minutes: float = 10.0  # wall-time bound of the training steps
     steps: int = 900  # optimizer steps at most (unseen HumanEval problems still gained at 900 with 4 samples)
     lr: float = 2e-4  # a fine-tuning rate: the drafter starts trained
+    lr_final: float = 1.0  # the rate at step `steps` as a share of lr, reached by a cosine after warm-up (1: constant)
     warmup: int = 10
     batch_rows: int = 256  # rows per step (a few requests): small streams get several epochs
     ttt_steps: int = 5
@@ -168,7 +171,7 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
     torch.manual_seed(opts.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = adamw(params, opts.lr, opts.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: min(1.0, (i + 1) / opts.warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda i: lr_scale(opts, i))
     rng = np.random.default_rng(opts.seed)
     train_tokens = sum(len(a) for _, a in train_reqs)  # the user's: replayed general text not counted
     history: list[dict[str, Any]] = [{"step": 0, "tokens_seen": 0, "tau": tau_before, "general": general_before,
@@ -218,6 +221,16 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
                          len(train_reqs), len(held_reqs), train_tokens, step, round(train_s, 2),
                          round(extract_s, 2), history, best[1] if best is not None else step, swapped)
     return result, model
+
+
+def lr_scale(opts: AdaptOptions, i: int) -> float:
+    """The learning rate's share of opts.lr at step i: a linear warm-up, then a cosine from 1 to
+    opts.lr_final at opts.steps (constant when lr_final is 1)."""
+    import math
+
+    warm = min(1.0, (i + 1) / opts.warmup)
+    t = min(1.0, max(0, i - opts.warmup) / max(1, opts.steps - opts.warmup))
+    return warm * (opts.lr_final + (1.0 - opts.lr_final) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def _swap_vocabulary(model: Any, target: Any, opts: AdaptOptions, own: list[Request], texts: list[Request],
