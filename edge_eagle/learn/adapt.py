@@ -226,11 +226,9 @@ def adapt(target: Any, drafter_path: str | Path, requests: Sequence[Request], wo
 def lr_scale(opts: AdaptOptions, i: int) -> float:
     """The learning rate's share of opts.lr at step i: a linear warm-up, then a cosine from 1 to
     opts.lr_final at opts.steps (constant when lr_final is 1)."""
-    import math
+    from ..train.trainer import warmup_cosine
 
-    warm = min(1.0, (i + 1) / opts.warmup)
-    t = min(1.0, max(0, i - opts.warmup) / max(1, opts.steps - opts.warmup))
-    return warm * (opts.lr_final + (1.0 - opts.lr_final) * 0.5 * (1 + math.cos(math.pi * t)))
+    return warmup_cosine(i, opts.warmup, opts.steps, final=opts.lr_final, start=opts.warmup)
 
 
 def _swap_vocabulary(model: Any, target: Any, opts: AdaptOptions, own: list[Request], texts: list[Request],

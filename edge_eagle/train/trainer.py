@@ -370,6 +370,13 @@ def _training_data(features_dir: Path, extra_features: tuple[Path, ...], target:
     return _TrainingData(dirs, layers, features_tokens, d2t, data, evals, heldout)
 
 
+def warmup_cosine(i: int, warmup: int, steps: int, final: float = 0.0, start: int = 0) -> float:
+    """A learning rate's share at step i: a linear warm-up over `warmup` steps, times a cosine that
+    falls from 1 at step `start` to `final` at step `steps` and stays there."""
+    t = min(1.0, max(0, i - start) / max(1, steps - start))
+    return min(1.0, (i + 1) / warmup) * (final + (1.0 - final) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
 class _Run:
     """A training run's state: model, optimizer, schedule, data order and history; saved whole
     every opts.save_every steps and restored by resume."""
@@ -378,10 +385,7 @@ class _Run:
         self.model, self.opts, self.td, self.state_path = model, opts, td, state_path
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optim = adamw(self.params, opts.lr, opts.weight_decay)
-        def lr_scale(i: int) -> float:  # linear warm-up, then a cosine to 0 at opts.steps
-            return min(1.0, (i + 1) / opts.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / opts.steps)))
-
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lr_scale)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda i: warmup_cosine(i, opts.warmup, opts.steps))
         self.rng = np.random.default_rng(opts.seed)
         self.history: list[dict[str, Any]] = []
         self.step, self.epoch, self.skip, self.wall_before = 0, 0, 0, 0.0
