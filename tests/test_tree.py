@@ -11,6 +11,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from edge_eagle import EdgeEagle
+from edge_eagle.eagle import top_logprobs
 from edge_eagle.errors import EdgeEagleError
 from edge_eagle.policy import CHAIN, LOOKUP, TREE, DraftPolicy, Plan
 from edge_eagle.proposal import Proposal
@@ -87,7 +88,7 @@ def test_tree_nodes_are_what_a_chain_along_their_path_drafts(trained):
         return prompt + [int(np.argmax(res.logits[-1]))]
 
     seq = fresh()
-    tree = d.propose_tree(seq, 15, depth=4, branch=3)
+    tree = d.propose_tree(seq, 15, depth=4, branch=3, children=5)
     assert not tree.is_chain and max(tree.depths) >= 2
     for node in range(-1, len(tree)):
         kids = [i for i, p in enumerate(tree.parents) if p == node]
@@ -105,11 +106,34 @@ def test_tree_nodes_are_what_a_chain_along_their_path_drafts(trained):
 
         _, logits = d.propose_with_logits(seq, len(path) + 1, choose=choose)
         row = logits[len(path)].astype(np.float64)
-        top = np.argsort(-row)[:3]
+        top = np.argsort(-row)[:5]
+        assert len(kids) <= 5
         for kid in kids:
             tok = tree.tokens[kid]
-            assert tok in top or row[top[-1]] - row[tok] < 1e-3, f"node {kid} is not a top-3 child of its path"
+            assert tok in top or row[top[-1]] - row[tok] < 1e-3, f"node {kid} is not a top-5 child of its path"
         assert tree.tokens[kids[0]] == top[0] or row[top[0]] - row[tree.tokens[kids[0]]] < 1e-3
+
+
+def test_children_are_searched_in_the_draft_vocabulary(trained):
+    """The drafter's logits are -inf outside its draft vocabulary (d2t), so searching only those
+    ids finds the same children with the same log-probabilities."""
+    d, t = trained.drafter, trained.target
+    ids = d.draft_ids
+    assert ids is not None and len(ids) < t.n_vocab and np.all(np.diff(ids) > 0)
+    prompt = t.tokenize(PROMPTS[1])
+    t.memory.clear()
+    d.reset()
+    t.set_capture(d.target_layers)
+    res = t.prefill(prompt)
+    d.ingest(res.features, 0, prompt)
+    _, rows = d.propose_with_logits(prompt + [int(np.argmax(res.logits[-1]))], 3)
+    for row in rows:
+        outside = np.ones(t.n_vocab, bool)
+        outside[ids] = False
+        assert np.all(np.isneginf(row[outside]))
+        whole, within = top_logprobs(row, 8), top_logprobs(row, 8, ids)
+        assert [tok for tok, _ in within] == [tok for tok, _ in whole]
+        assert [lp for _, lp in within] == pytest.approx([lp for _, lp in whole], abs=1e-5)
 
 
 class _Shuffle(DraftPolicy):

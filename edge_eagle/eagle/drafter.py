@@ -27,8 +27,8 @@ from .batches import Batches
 from .native import FusedCycle, NativeBatches
 from .norms import Norms
 from .pending import PendingRows
-from .spec import check_pair
-from .tree import TREE_BRANCH, TREE_BRANCH_MAX, TreeDrafter
+from .spec import check_pair, draft_ids
+from .tree import TREE_BRANCH, TREE_BRANCH_MAX, TREE_CHILDREN, TreeDrafter
 
 if TYPE_CHECKING:
     from ..cycle import StepCycle
@@ -66,11 +66,12 @@ class EagleDrafter(Drafter):
                                n_seq_max=1 + self.tree_branch_max, kv_unified=self.supports_trees)
         B.llama_set_embeddings_nextn(self.ctx, True, True)
         self.memory = Memory(self.ctx)
+        self.draft_ids = draft_ids(self.gguf, self.n_vocab)  # where its logits can be finite
         self.native = NativeBatches.load(self.ctx, self.memory.handle, self.norms, self.n_embd, self.n_vocab,
-                                         self.n_batch, self.gguf)
+                                         self.n_batch, self.draft_ids)
         self.batches: Batches = self.native or Batches(self.ctx, self.norms, self.n_embd, self.n_vocab, self.n_batch)
         self.pending = PendingRows(3 * self.spec.target_hidden_size)
-        self.trees = TreeDrafter(self.memory, self.batches, self.norms.carry, self.tree_branch_max)
+        self.trees = TreeDrafter(self.memory, self.batches, self.norms.carry, self.tree_branch_max, self.draft_ids)
         self.reset()
 
     # --- state ---------------------------------------------------------------------------
@@ -155,13 +156,13 @@ class EagleDrafter(Drafter):
         return Proposal.chain(drafts, qs if qs else None), all_logits
 
     def propose_tree(self, tokens: Sequence[int], n_nodes: int, depth: int = TREE_DEPTH,
-                     branch: int = TREE_BRANCH) -> Proposal:
+                     branch: int = TREE_BRANCH, children: int = TREE_CHILDREN) -> Proposal:
         """A draft tree of at most n_nodes nodes (tree.TreeDrafter.grow)."""
         branch = min(branch, self.tree_branch_max)  # a tiny context holds fewer sequences
-        if n_nodes < 1 or depth < 1 or branch < 1:
-            raise ValueError("a tree needs n_nodes >= 1, depth >= 1, branch >= 1 and a context that holds trees")
+        if n_nodes < 1 or depth < 1 or branch < 1 or children < 1:
+            raise ValueError("a tree needs n_nodes, depth, branch and children >= 1 and a context that holds trees")
         logits, h = self._decode_pending(tokens)
-        return self.trees.grow(logits, h, len(tokens) - 2, n_nodes, depth, branch)
+        return self.trees.grow(logits, h, len(tokens) - 2, n_nodes, depth, branch, children)
 
     def native_cycle(self, target: "Target", steps: "StepCycle") -> FusedCycle | None:
         """Whole greedy chain cycles in one native call (native.FusedCycle, with `steps` for the

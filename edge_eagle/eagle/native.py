@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .. import _fast
-from .. import gguf_keys as K
 from ..cycle import CycleResult, NativeCycle, StepCycle, new_result
 from ..errors import LlamaCallError
 from ..policy import CHAIN, PLAIN, Plan
@@ -35,12 +34,11 @@ class NativeBatches(Batches):
     """Batches through the native library, plus its greedy chain (propose) and cycle."""
 
     def __init__(self, lib: _fast.FastPath, ctx: Any, memory_handle: Any, norms: Norms, n_embd: int, n_vocab: int,
-                 n_batch: int, d2t: np.ndarray | None):
+                 n_batch: int, ids: np.ndarray | None):
         super().__init__(ctx, norms, n_embd, n_vocab, n_batch)
         self.lib, self.memory_handle = lib, memory_handle
         # the draft vocabulary in ascending target ids (its logits are -inf elsewhere; None: scan all)
-        ascending = d2t is not None and bool(np.all(np.diff(d2t) > 0)) and int(d2t[-1]) < n_vocab
-        self.ids = np.ascontiguousarray(d2t, dtype=np.int32) if ascending else None
+        self.ids = None if ids is None else np.ascontiguousarray(ids, dtype=np.int32)
         self.out_norm = None if norms.out_norm_w is None else np.ascontiguousarray(norms.out_norm_w)
         self.fc_norm = None if norms.fc_norm_w is None else np.ascontiguousarray(norms.fc_norm_w.reshape(-1))
         self.gbuf = np.empty(n_embd, np.float32)
@@ -55,13 +53,13 @@ class NativeBatches(Batches):
 
     @classmethod
     def load(cls, ctx: Any, memory_handle: Any, norms: Norms, n_embd: int, n_vocab: int, n_batch: int,
-             gguf: Any) -> "NativeBatches | None":
-        """The native batches, or None when the fast path is off or not built."""
+             ids: np.ndarray | None) -> "NativeBatches | None":
+        """The native batches, or None when the fast path is off or not built. ids: the draft
+        vocabulary (spec.draft_ids)."""
         lib = _fast.load()
         if lib is None:
             return None
-        d2t = gguf.tensor_array(K.T_D2T).astype(np.int64) if K.T_D2T in gguf.tensors else None
-        return cls(lib, ctx, memory_handle, norms, n_embd, n_vocab, n_batch, d2t)
+        return cls(lib, ctx, memory_handle, norms, n_embd, n_vocab, n_batch, ids)
 
     def encode(self, feats: np.ndarray, pos0: int) -> np.ndarray:
         feats = np.ascontiguousarray(feats, dtype=np.float32)

@@ -128,3 +128,15 @@ def check_pair(drafter: GGUFFile, target: GGUFFile) -> Eagle3Spec:
         if d2t.min() < 0 or d2t.max() >= target.vocab_size or len(np.unique(d2t)) != len(d2t):
             raise PairMismatchError(f"{d} maps draft tokens outside {t}'s vocabulary or twice; re-convert it.")
     return spec
+
+
+def draft_ids(drafter: GGUFFile, n_vocab: int) -> np.ndarray | None:
+    """The target ids of a drafter's draft vocabulary, ascending (its d2t tensor), or None when it
+    has none or they are not ascending target ids. The drafter's logits are -inf at every other
+    id, so the best drafts are searched among these alone (the native chain's argmax, trees)."""
+    if K.T_D2T not in drafter.tensors:
+        return None
+    d2t = drafter.tensor_array(K.T_D2T).astype(np.int64)
+    if len(d2t) == 0 or not bool(np.all(np.diff(d2t) > 0)) or int(d2t[0]) < 0 or int(d2t[-1]) >= n_vocab:
+        return None
+    return d2t

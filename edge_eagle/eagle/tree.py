@@ -12,21 +12,29 @@ from ..kv import Memory
 from ..proposal import Proposal
 from .batches import Batches
 
-TREE_BRANCH = 4  # default children per expanded node, and nodes expanded per depth
+TREE_BRANCH = 4  # default nodes expanded per depth (rows of one drafter batch)
+#: children considered per expanded node: its most probable next tokens. They cost only a top-k of
+#: the node's logits (no drafter row), and the best nodes overall are kept from all of them.
+TREE_CHILDREN = 8
 TREE_BRANCH_MAX = 8  # the drafter context holds one sequence per expanded node of a depth
 
 # an expanded node of the current depth: (node index or -1 for the root, its logits, h, sequence)
 Frontier = list[tuple[int, np.ndarray, np.ndarray, int]]
 
 
-def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The k most probable tokens of a logit row and their log-probabilities, best first."""
-    k = min(k, logits.shape[-1])
-    top = np.argpartition(logits, -k)[-k:]
-    top = top[np.argsort(-logits[top], kind="stable")]
-    m = float(logits[top[0]])
-    lse = m + float(np.log(np.exp(logits - m).sum()))
-    return [(int(t), float(logits[t]) - lse) for t in top]
+def top_logprobs(logits: np.ndarray, k: int, ids: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """The k most probable tokens of a logit row and their log-probabilities, best first.
+    ids: the only tokens whose logits can be finite (a drafter's draft vocabulary; the rest are
+    -inf), searched instead of the whole row: numpy's partition slows down about 15x on a row
+    that is mostly -inf (6.7 ms for 40,960 of 49,152, against 0.4 ms)."""
+    row = logits if ids is None else logits[ids]
+    k = min(k, row.shape[-1])
+    top = np.argpartition(row, -k)[-k:]
+    top = top[np.argsort(-row[top], kind="stable")]
+    m = float(row[top[0]])
+    lse = m + float(np.log(np.exp(row - m).sum()))
+    tokens = top if ids is None else ids[top]
+    return [(int(t), float(r) - lse) for t, r in zip(tokens, row[top])]
 
 
 def depth_first(nodes: list[int], parent: list[int], score: list[float]) -> list[int]:
@@ -50,13 +58,15 @@ class TreeDrafter:
     node to its children (EAGLE-3.1's norm(h) per node)."""
 
     def __init__(self, memory: Memory, batches: Batches, carry: Callable[[np.ndarray], np.ndarray],
-                 branch_max: int):
+                 branch_max: int, ids: np.ndarray | None = None):
         self.memory, self.batches, self.carry, self.branch_max = memory, batches, carry, branch_max
+        self.ids = ids  # the draft vocabulary (top_logprobs), or None: every token
 
-    def grow(self, logits: np.ndarray, h: np.ndarray, pos: int, n_nodes: int, depth: int, branch: int) -> Proposal:
+    def grow(self, logits: np.ndarray, h: np.ndarray, pos: int, n_nodes: int, depth: int, branch: int,
+             children: int = TREE_CHILDREN) -> Proposal:
         """A draft tree of at most n_nodes nodes from the root row at `pos` (its logits and h):
         depth by depth, the `branch` most probable frontier nodes (by cumulative draft
-        log-probability) are expanded in one drafter batch, each into its `branch` most probable
+        log-probability) are expanded in one drafter batch, each into its `children` most probable
         children; then the n_nodes best nodes overall are kept (an ancestor never scores below its
         descendants, so the kept set is a tree). Expansion stops early once no frontier node can
         enter the best n_nodes. Each node's draft is what a chain along its path would draft.
@@ -72,7 +82,7 @@ class TreeDrafter:
             new: list[int] = []
             for node, lg, _, _ in frontier:
                 base = node_score[node] if node >= 0 else 0.0
-                for t, lp in top_logprobs(lg, min(branch, n_nodes)):
+                for t, lp in top_logprobs(lg, min(children, n_nodes), self.ids):
                     new.append(len(node_tok))
                     node_tok.append(t)
                     node_par.append(node)
