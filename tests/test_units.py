@@ -83,6 +83,21 @@ def test_greedy_verify():
     assert verify(s, logits[:1], Proposal.chain([])) == (0, 3)
 
 
+def test_top_k_counts_only_the_tokens_a_grammar_or_bias_leaves():
+    """top_k keeps the k best of the finite logits; on a row that is mostly -inf (a grammar, a
+    banned-token bias) it keeps every finite one when there are k or fewer."""
+    rng = np.random.default_rng(5)
+    row = np.full(1000, -np.inf, np.float32)
+    live = rng.choice(1000, 30, replace=False)
+    row[live] = rng.standard_normal(30).astype(np.float32)
+    for k, kept in ((10, 10), (30, 30), (40, 30), (1, 1)):
+        z = Sampler(SamplingParams(temperature=0.7, top_k=k)).log_weights(row)
+        finite = np.flatnonzero(np.isfinite(z))
+        assert len(finite) == kept
+        best = live[np.argsort(-row[live], kind="stable")[:kept]]
+        assert set(finite.tolist()) == set(best.tolist())
+
+
 def test_speculative_sampling_preserves_the_target_distribution():
     """Chi-square test, 40k draws, p > 1e-3 required: the first emitted token after a
     (deterministic) draft d follows p exactly, whether d is likely or not."""
