@@ -40,9 +40,13 @@ class CycleResult(NamedTuple):
     propose_s: float  # drafting, up to the verify batch
     verify_s: float  # the target's verify batch and verification
     ingest_s: float  # handing the accepted rows to the drafter
+    #: the part of verify_s spent choosing tokens from the batch's logits (sampling, a grammar's
+    #: mask, penalties): per token read, which plain decoding pays alike, so the batch costs and
+    #: the thread governor leave it out
+    check_s: float = 0.0
 
 
-#: new_result((kind, drafted, accepted, bonus, depth, ranks, propose_s, verify_s, ingest_s))
+#: new_result((kind, drafted, accepted, bonus, depth, ranks, propose_s, verify_s, ingest_s, check_s))
 new_result = functools.partial(tuple.__new__, CycleResult)
 
 
@@ -96,7 +100,9 @@ class StepCycle:
         target, last = self.target, seq[-1]
         if proposal.is_chain:
             res = target.decode([last, *proposal.tokens], n_past, "all" if proposal.tokens else "last")
+            t_check = perf_counter()
             n_acc, bonus = verify(self.sampler, res.logits, proposal, n_past + 1, seq)
+            check_s = perf_counter() - t_check
             if n_acc < len(proposal):
                 target.memory.remove_from(n_past + n_acc + 1)
             accepted = list(proposal.tokens[:n_acc])
@@ -104,7 +110,9 @@ class StepCycle:
             ranks: list[int] = []  # a chain's accepted drafts have no siblings to rank
         else:
             res = target.decode_tree(last, proposal.tokens, proposal.parents, n_past)
+            t_check = perf_counter()
             path, bonus, ranks = verify_tree(self.sampler, res.logits, proposal, n_past + 1, seq)
+            check_s = perf_counter() - t_check
             target.keep_path(path, n_past, last, proposal.tokens)
             accepted = [proposal.tokens[i] for i in path]
             rows = [0, *(i + 1 for i in path)]
@@ -117,7 +125,7 @@ class StepCycle:
                 self.drafter.trim(trim_to)
         kind = plan.kind if len(proposal) else PLAIN
         return CycleResult(kind, len(proposal), accepted, bonus, max(proposal.depths, default=0), ranks,
-                           t_verify - t0, t_ingest - t_verify, perf_counter() - t_ingest)
+                           t_verify - t0, t_ingest - t_verify, perf_counter() - t_ingest, check_s)
 
 
 class NativeCycle:

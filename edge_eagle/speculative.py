@@ -120,9 +120,10 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
         stats.t_verify += r.verify_s
         stats.t_draft += plan_s + r.propose_s + r.ingest_s
         stats.record_step(r.drafted, n_acc, r.kind, r.depth, r.ranks)
-        policy.update(r.drafted, n_acc, r.drafted + 1, r.verify_s, plan_s + r.propose_s)
+        batch_s = r.verify_s - r.check_s  # the target's batch alone: what c(n) and the governor model
+        policy.update(r.drafted, n_acc, r.drafted + 1, batch_s, plan_s + r.propose_s)
         if governor is not None:
-            governor.observe(r.drafted + 1, r.verify_s)
+            governor.observe(r.drafted + 1, batch_s)
         new = [*r.accepted, r.bonus]
         seq += new
         n_past += n_acc + 1

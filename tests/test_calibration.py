@@ -200,3 +200,42 @@ def test_costs_are_measured_at_two_contexts_and_the_cached_prompt_stays(tiny_tar
     with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=128) as small:  # no room for a second context
         one = measure_context_costs(small.target, 4, reps=1)
         assert one is not None and one.verify_s and not one.slope_s
+
+
+def test_slow_token_choice_is_not_read_as_a_slower_target(tiny_target, trained_drafters, cache, monkeypatch):
+    """Choosing tokens from a batch's logits (a grammar's mask, sampling, penalties) is work every
+    decoding pays per token, not part of the target's batch cost: however slow it is, the costs
+    do not shift and the next request is not held up by a new calibration."""
+    from edge_eagle import cycle
+
+    with EdgeEagle(tiny_target, trained_drafters["eagle3.1"][1], n_ctx=512, k="auto") as ee:
+        ee.prepare_costs()
+        assert ee.costs is not None
+        # the controller's check of its cycle predictions is another trigger, noisy on a target
+        # this small (Python's own steps cost more than its decodes): only the costs' shift here
+        ee.auto_controller().suspect_factor = 1e6
+        step = ee.costs.step_s()
+        assert step
+        real = cycle.verify
+
+        def slow(*args, **kwargs):
+            time.sleep(max(4 * step, 0.002))  # well beyond CostModel.shift of the calibrated step
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cycle, "verify", slow)
+        measured: list[int] = []
+        measure = engine_costs.measure_context_costs
+
+        def counted(*args, **kwargs):
+            measured.append(1)
+            return measure(*args, **kwargs)
+
+        monkeypatch.setattr(engine_costs, "measure_context_costs", counted)
+        plain = 0
+        for seed in range(4):
+            gen = ee.generate("the cat sat on the", max_tokens=80, temperature=1.0, seed=seed).result()
+            plain += gen.stats.proposers.get("plain", 0)
+        assert plain >= 9  # single-token steps: a full window of CostModel's for them
+        assert not ee.costs.shifted
+        assert measured == []
+        assert ee.costs.step_s() < 2 * step

@@ -170,4 +170,4 @@ class FusedCycle(NativeCycle):
         # the accepted rows wait for their next tokens
         pending.tokens, pending.pos0, pending.rows = accepted, n_past, len(accepted) + 1
         return new_result((CHAIN if drafted else PLAIN, drafted, accepted, bonus, drafted, [], draft_s, verify_s,
-                           perf_counter() - t0 - draft_s - verify_s))
+                           perf_counter() - t0 - draft_s - verify_s, 0.0))
