@@ -61,6 +61,8 @@ class TreeDrafter:
                  branch_max: int, ids: np.ndarray | None = None):
         self.memory, self.batches, self.carry, self.branch_max = memory, batches, carry, branch_max
         self.ids = ids  # the draft vocabulary (top_logprobs), or None: every token
+        #: the last tree's nodes' draft log-probabilities given their parents, in its order
+        self.logprobs: tuple[float, ...] = ()
 
     def grow(self, logits: np.ndarray, h: np.ndarray, pos: int, n_nodes: int, depth: int, branch: int,
              children: int = TREE_CHILDREN) -> Proposal:
@@ -77,6 +79,7 @@ class TreeDrafter:
         node_tok: list[int] = []
         node_par: list[int] = []
         node_score: list[float] = []
+        node_lp: list[float] = []
         frontier: Frontier = [(-1, logits, h, 0)]
         for d in range(1, depth + 1):
             new: list[int] = []
@@ -87,6 +90,7 @@ class TreeDrafter:
                     node_tok.append(t)
                     node_par.append(node)
                     node_score.append(base + lp)
+                    node_lp.append(lp)
             if d == depth:
                 break
             scores = np.asarray(node_score)
@@ -101,6 +105,7 @@ class TreeDrafter:
         keep = [i for i in keep if node_par[i] < 0 or node_par[i] in kept]  # closure, against ties
         order = depth_first(keep, node_par, node_score)
         index = {old: new for new, old in enumerate(order)}
+        self.logprobs = tuple(node_lp[i] for i in order)
         return Proposal(tuple(node_tok[i] for i in order),
                         tuple(index[node_par[i]] if node_par[i] >= 0 else -1 for i in order))
 
