@@ -189,6 +189,7 @@ class EdgeEagleChat(App):
             self.post_message(self.Finished(reply, gen.stats.snapshot(), None, str(e), gen.drafter_version))
         finally:
             self.generation = None
+            gen.close()  # however the worker ends (the app closing under it too), the engine is free again
 
     def on_edge_eagle_chat_tokens(self, event: Tokens) -> None:
         event.message.add(event.pieces)
