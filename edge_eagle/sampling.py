@@ -16,7 +16,9 @@ min-p. Each method that judges the target's choice takes `path`, the drafts betw
 committed tokens and that position (None: no grammar, as for the drafter's own picks); the
 grammar's state along it decides the mask. Greedy and untruncated seeded picks first try the
 unconstrained winner and only mask the whole vocabulary when the grammar forbids it (masking
-cannot change a winner it allows), as llama.cpp's samplers do."""
+cannot change a winner it allows), as llama.cpp's samplers do. With top_k, the best candidates
+are checked one by one until top_k allowed ones are found (the same set masking would keep);
+only when the grammar forbids most of them is the whole vocabulary masked."""
 
 from __future__ import annotations
 
@@ -109,6 +111,40 @@ class Sampler:
             return best
         return int(np.argmax(g.constrain(z, path)))
 
+    #: top-k under a grammar checks at most this many candidates per kept token, one by one,
+    #: before it masks the whole vocabulary instead
+    TOP_K_SCAN = 4
+
+    def _top_k_allowed(self, z: np.ndarray, path: Sequence[int]) -> np.ndarray | None:
+        """z with -inf everywhere but the top_k best tokens the grammar allows after `path` (and
+        any allowed token tied with the k-th): what masking the whole vocabulary and then keeping
+        the top_k would leave, found by checking the best candidates one at a time. None when
+        the grammar forbids too many of them (the caller masks the whole vocabulary then)."""
+        assert self.grammar is not None
+        k = self.params.top_k
+        finite = np.flatnonzero(z > -np.inf)
+        n = min(len(finite), self.TOP_K_SCAN * k)
+        if n == 0:
+            return None
+        head = finite[np.argpartition(-z[finite], n - 1)[:n]] if n < len(finite) else finite
+        head = head[np.argsort(-z[head], kind="stable")]
+        kept: list[int] = []
+        kth = None
+        for token in head:
+            value = z[token]
+            if kth is not None and value < kth:
+                break
+            if self.grammar.allows(int(token), path):
+                kept.append(int(token))
+                if len(kept) == k:
+                    kth = value
+        else:  # the candidates ran out: unless they were every finite token, more allowed ones (or
+            if n < len(finite):  # ties with the k-th) may lie beyond them
+                return None
+        out = np.full(z.shape, -np.inf, dtype=np.float32)
+        out[kept] = z[kept]
+        return out
+
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens the loop emitted: a grammar's state moves past them."""
         if self.grammar is not None:
@@ -124,7 +160,8 @@ class Sampler:
         p = self.params
         z = self.adjust(logits, history)
         if self.grammar is not None and path is not None:
-            z = self.grammar.constrain(z, path)
+            best = self._top_k_allowed(z, path) if 0 < p.top_k < z.shape[-1] else None
+            z = self.grammar.constrain(z, path) if best is None else best
         z = z.astype(np.float64)
         with np.errstate(over="ignore"):  # the max first: a tiny temperature gives -inf, never inf - inf
             z = (z - z.max()) / p.temperature

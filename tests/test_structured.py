@@ -138,6 +138,42 @@ def test_a_draft_the_grammar_forbids_is_never_accepted(engine):
         grammar.close()
 
 
+def test_top_k_under_a_grammar_keeps_what_masking_the_whole_vocabulary_keeps(engine, monkeypatch):
+    """Top-k under a grammar checks the best candidates one at a time instead of masking the
+    whole vocabulary; the weights are the same, ties with the k-th included, and so is the
+    fallback where the grammar forbids most of the candidates."""
+    target = engine.target
+    rng = np.random.default_rng(7)
+    scan = Sampler._top_k_allowed
+    outcomes: list[bool] = []  # whether the scan settled it (else the whole vocabulary was masked)
+
+    def recorded(self, z, path):
+        found = scan(self, z, path)
+        outcomes.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Sampler, "_top_k_allowed", recorded)
+    for gbnf in ('root ::= "yes" | "no"', 'root ::= [a-z]+ " " [0-9]+', "root ::= [^x]+"):
+        grammar = Grammar(target, gbnf)
+        try:
+            allowed = grammar.allowed()
+            for k in (1, 3, 40, int(allowed.sum()) + 5):
+                for row in range(6):
+                    z = rng.standard_normal(target.n_vocab).astype(np.float32) * 3
+                    if row % 2:
+                        z = np.round(z)  # many ties, some of them at the k-th
+                    if row == 5:
+                        z[allowed] -= 20.0  # the grammar forbids the model's favourites
+                    sampler = Sampler(SamplingParams(temperature=0.8, top_k=k, top_p=0.95), grammar)
+                    scanned = sampler.log_weights(z, path=())
+                    sampler.TOP_K_SCAN = 0  # this sampler masks the whole vocabulary
+                    masked = sampler.log_weights(z, path=())
+                    assert np.array_equal(scanned, masked), (gbnf, k, row)
+        finally:
+            grammar.close()
+    assert any(outcomes) and not all(outcomes)
+
+
 def test_a_bad_grammar_or_schema_is_a_clear_error(engine):
     with pytest.raises(EdgeEagleError, match="grammar does not parse"):
         engine.generate("hi", grammar="root ::= (")
