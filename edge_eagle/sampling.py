@@ -18,7 +18,9 @@ grammar's state along it decides the mask. Greedy and untruncated seeded picks f
 unconstrained winner and only mask the whole vocabulary when the grammar forbids it (masking
 cannot change a winner it allows), as llama.cpp's samplers do. With top_k, the best candidates
 are checked one by one until top_k allowed ones are found (the same set masking would keep);
-only when the grammar forbids most of them is the whole vocabulary masked."""
+only when the grammar forbids most of them is the whole vocabulary masked. An untruncated
+unseeded sample is drawn from the unconstrained distribution and kept when the grammar allows
+it, else drawn again within the grammar: exactly the constrained distribution."""
 
 from __future__ import annotations
 
@@ -219,6 +221,13 @@ class Sampler:
             return self.argmax(logits, history, path)
         if self.seeded and pos is not None:
             return self.sample_at(logits, pos, history, path)
+        if self.grammar is not None and path is not None and not self.params.truncated:
+            # untruncated: a draw from p kept when the grammar allows it, else a draw within the
+            # grammar, is a draw from p within the grammar (each allowed y: p(y) / p(allowed))
+            free = self.probs(logits, history)
+            token = int(self.rng.choice(len(free), p=free))
+            if self.grammar.allows(token, path):
+                return token
         probs = self.probs(logits, history, path)
         return int(self.rng.choice(len(probs), p=probs))
 

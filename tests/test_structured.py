@@ -174,6 +174,40 @@ def test_top_k_under_a_grammar_keeps_what_masking_the_whole_vocabulary_keeps(eng
     assert any(outcomes) and not all(outcomes)
 
 
+def test_an_untruncated_sample_under_a_grammar_follows_the_constrained_distribution(engine, monkeypatch):
+    """Unseeded and untruncated, a row's token is drawn without the grammar and kept when the
+    grammar allows it, else drawn within the grammar: chi-square against the masked
+    distribution over 20k draws, p > 1e-3 required; most draws never mask the vocabulary."""
+    from scipy import stats as st
+
+    target = engine.target
+    grammar = Grammar(target, "root ::= [a-z]+")
+    try:
+        allowed = grammar.allowed()
+        rng = np.random.default_rng(4)
+        logits = rng.standard_normal(target.n_vocab).astype(np.float32)
+        logits[np.flatnonzero(allowed)[:6]] += 6.0  # likely and allowed ...
+        logits[np.flatnonzero(~allowed)[:3]] += 6.5  # ... and likely but forbidden
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=None), grammar)
+        sampler.rng = np.random.default_rng(0)
+        p = sampler.probs(logits, path=())
+        masked: list[int] = []  # whole-vocabulary masks
+        constrain = grammar.constrain
+        monkeypatch.setattr(grammar, "constrain", lambda z, path=(): (masked.append(1), constrain(z, path))[1])
+        draws = 20_000
+        counts = np.bincount([sampler.sample(logits, path=()) for _ in range(draws)], minlength=target.n_vocab)
+        assert counts[~allowed].sum() == 0
+        top = np.argsort(-p)[:20]  # the likely tokens, each its own cell; the rest pooled
+        observed = np.append(counts[top], draws - counts[top].sum())
+        expected = np.append(p[top], 1.0 - p[top].sum()) * draws
+        assert st.chisquare(observed, expected).pvalue > 1e-3
+        forbidden = float(sampler.probs(logits)[~allowed].sum())  # unconstrained mass the grammar forbids
+        assert 0.05 < forbidden < 0.95
+        assert abs(len(masked) / draws - forbidden) < 0.02  # only those draws masked the vocabulary
+    finally:
+        grammar.close()
+
+
 def test_a_bad_grammar_or_schema_is_a_clear_error(engine):
     with pytest.raises(EdgeEagleError, match="grammar does not parse"):
         engine.generate("hi", grammar="root ::= (")
