@@ -7,7 +7,9 @@ Sampling (temperature > 0) is speculative sampling: a draft d proposed with prob
 is accepted with probability min(1, p(d)/q(d)); on rejection the token is drawn from the
 residual max(p - q, 0), renormalised. The emitted tokens follow the target distribution p
 exactly. For a deterministic draft (proposal.q is None) q is a point mass on d, so d is
-accepted with probability p(d) and the residual is p without d.
+accepted with probability p(d) and the residual is p without d: the same as drawing the token
+from p and keeping d when they are equal, which is how it runs (a draw under a grammar then
+masks the vocabulary only when the unconstrained draw is forbidden; sampling.py).
 """
 
 from __future__ import annotations
@@ -56,16 +58,17 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
                 return n, token
         return n_d, sampler.sample_at(logits[n_d], pos + n_d, before(n_d), drafts)
     q = proposal.q
+    if q is None:  # point masses: accepting d with p(d), else drawing from p without d, is a draw from p
+        for n, d in enumerate(drafts):  # that keeps d when it equals it (sample() masks only if it must)
+            token = sampler.sample(logits[n], history=before(n), path=drafts[:n])
+            if token != d:
+                return n, token
+        return n_d, sampler.sample(logits[n_d], history=before(n_d), path=drafts)
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i], before(i), drafts[:i])  # p(d) is 0 where the grammar forbids d
-        q_d = 1.0 if q is None else float(q[i][d])
-        if sampler.rng.random() * q_d < p[d]:  # accept with min(1, p(d) / q(d))
+        if sampler.rng.random() * float(q[i][d]) < p[d]:  # accept with min(1, p(d) / q(d))
             continue
-        if q is None:
-            residual = p.copy()
-            residual[d] = 0.0
-        else:
-            residual = np.maximum(p - q[i], 0.0)
+        residual = np.maximum(p - q[i], 0.0)
         total = residual.sum()
         if total <= 0.0:  # p == q: a rejection cannot happen; guard against rounding
             return i, int(d)
