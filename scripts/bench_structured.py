@@ -6,7 +6,8 @@ speculation gives under it.
                                        [--json OUT]
 
 Per prompt (a request for one JSON record), in rotating order within each round, greedy (or
-sampled with --temperature, seeded per prompt so every runner draws the same text):
+sampled with --temperature, seeded per prompt so every runner draws the same text, or
+unseeded with --unseeded):
 grammar-constrained plain decoding (the baseline), the same with k=3 chains and with `auto`,
 and unconstrained plain decoding (what the grammar costs). Reported: tokens/s of each as a
 ratio to the constrained baseline on the same prompt and round (median, min, max), the same for
@@ -51,6 +52,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0, help="sample, seeded per prompt (default greedy)")
     ap.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most probable tokens")
+    ap.add_argument("--unseeded", action="store_true",
+                    help="with --temperature: no seed (rejection sampling; texts then differ run to run)")
     ap.add_argument("--json")
     args = ap.parse_args()
     grammar = json_schema_grammar(SCHEMA)
@@ -72,7 +75,8 @@ def main() -> int:
                 for name in RUNNERS[shift:] + RUNNERS[:shift]:
                     t0 = perf_counter()
                     gen = ee.generate(text, max_tokens=args.n, temperature=args.temperature, top_k=args.top_k,
-                                      seed=i if args.temperature > 0 else None, **opts[name]).result()
+                                      seed=i if args.temperature > 0 and not args.unseeded else None,
+                                      **opts[name]).result()
                     wall[name] = (perf_counter() - t0) / max(1, len(gen.tokens))  # seconds per token
                     got[name] = gen
                 base = got["plain"].stats.tokens_per_second
@@ -90,6 +94,7 @@ def main() -> int:
 
     report = {"cpu": cpu_name(), "prompts": len(prompts), "rounds": args.rounds, "max_tokens": args.n,
               "temperature": args.temperature, "top_k": args.top_k,
+              "seeded": args.temperature > 0 and not args.unseeded,
               "command": "python scripts/bench_structured.py " + " ".join(sys.argv[1:]),
               "speed_vs_constrained_plain": {name: spread(xs) for name, xs in ratios.items()},
               "request_speed_vs_constrained_plain": {name: spread(xs) for name, xs in walls.items()},
