@@ -83,11 +83,13 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: i
     rank among its siblings).
 
     Greedy: follow the child that equals the target's argmax; seeded (pos given): the child that
-    equals the seeded sample at its position. Otherwise sampling: recursive rejection
-    over the siblings, in order: a child x is accepted with probability p(x) under the current
-    residual p, and on rejection p loses x and is renormalised; when every child is rejected
-    the token is drawn from what is left. Tree drafts are deterministic (point masses), so each
-    step draws exactly from p, whichever children were proposed: lossless."""
+    equals the seeded sample at its position. Otherwise sampling: the child that equals a draw
+    from p. That is recursive rejection over the siblings (a child x accepted with probability
+    p(x) under the current residual, which on rejection loses x and is renormalised; when every
+    child is rejected, a draw from what is left) in one draw: each child is taken with
+    probability p(child), and otherwise the token follows p without the children. Tree drafts are
+    deterministic (point masses), so each step draws exactly from p, whichever children were
+    proposed: lossless. (Sampler.sample masks a grammar's vocabulary only when it must.)"""
     children: list[list[int]] = [[] for _ in range(len(proposal) + 1)]
     for i, parent in enumerate(proposal.parents):
         children[parent + 1].append(i)
@@ -101,24 +103,15 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: i
         hit = None
         drafted = [tokens[i] for i in path]  # the path so far, for penalties and a grammar
         before = None if tail is None else tail + drafted
-        if sampler.params.greedy or (sampler.seeded and pos is not None):
-            # greedy: the argmax; seeded: the sample at this depth's position
-            best = (sampler.argmax(logits[row], before, drafted) if pos is None or sampler.params.greedy
-                    else sampler.sample_at(logits[row], pos + len(path), before, drafted))
-            hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
-            if hit is None:
-                return path, best, ranks
-        else:
-            p = sampler.probs(logits[row], before, drafted)
-            for r, i in enumerate(kids):
-                x = tokens[i]
-                if sampler.rng.random() < p[x]:
-                    hit = r
-                    break
-                p[x] = 0.0
-                p /= p.sum()
-            if hit is None:
-                return path, int(sampler.rng.choice(len(p), p=p)), ranks
+        if sampler.params.greedy:
+            best = sampler.argmax(logits[row], before, drafted)
+        elif sampler.seeded and pos is not None:  # the sample at this depth's position
+            best = sampler.sample_at(logits[row], pos + len(path), before, drafted)
+        else:  # a draw from p: the recursive rejection's law (each child with p(child))
+            best = sampler.sample(logits[row], history=before, path=drafted)
+        hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
+        if hit is None:
+            return path, best, ranks
         node = kids[hit]
         path.append(node)
         ranks.append(hit)
