@@ -334,9 +334,13 @@ def test_the_library_adapts_by_itself_and_the_chat_shows_the_version_and_tau(tin
         child = adapter._child
         assert child is not None
         gen = engine.generate(domain["unseen"][0], max_tokens=24)
-        next(iter(gen))  # a generation holds the engine: the child stops at once
-        assert _process_state(child.pid) == "T" and adapter.state == "paused"
-        assert gen.result().tokens == domain["answers"][domain["unseen"][0]]
+        try:
+            next(iter(gen))  # a generation holds the engine: the child is stopped at once ...
+            assert adapter.state == "paused"
+            _wait(lambda: _process_state(child.pid) == "T", 10, "the child to stop")  # ... as signals land
+            assert gen.result().tokens == domain["answers"][domain["unseen"][0]]
+        finally:
+            gen.close()  # a failure above must not leave the engine's lock held for close()
 
         async def chat() -> None:
             app = EdgeEagleChat(ChatOptions(max_tokens=24, k=3), engine=engine)
