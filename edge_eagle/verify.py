@@ -45,25 +45,16 @@ def verify(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: int | 
         return None if tail is None else tail + list(drafts[:n])
 
     n_d = len(drafts)
-    if sampler.params.greedy:  # row by row: the rows after the first mismatch are never read
-        for n, d in enumerate(drafts):
-            best = sampler.argmax(logits[n], before(n), drafts[:n])
-            if best != d:
-                return n, best
-        return n_d, sampler.argmax(logits[n_d], before(n_d), drafts)
-    if sampler.seeded and pos is not None:  # the seeded sample at each row; a draft must equal it
-        for n, d in enumerate(drafts):
-            token = sampler.sample_at(logits[n], pos + n, before(n), drafts[:n])
-            if token != d:
-                return n, token
-        return n_d, sampler.sample_at(logits[n_d], pos + n_d, before(n_d), drafts)
     q = proposal.q
-    if q is None:  # point masses: accepting d with p(d), else drawing from p without d, is a draw from p
-        for n, d in enumerate(drafts):  # that keeps d when it equals it (sample() masks only if it must)
-            token = sampler.sample(logits[n], history=before(n), path=drafts[:n])
+    if sampler.params.greedy or (sampler.seeded and pos is not None) or q is None:
+        # the row's own token (greedy: the argmax; seeded: the sample at its position; otherwise
+        # a draw, which for a point mass d is accepting d with p(d), else drawing from p without
+        # d); a draft must equal it. Row by row: the rows after the first mismatch are never read.
+        for n, d in enumerate(drafts):
+            token = sampler.sample(logits[n], None if pos is None else pos + n, before(n), drafts[:n])
             if token != d:
                 return n, token
-        return n_d, sampler.sample(logits[n_d], history=before(n_d), path=drafts)
+        return n_d, sampler.sample(logits[n_d], None if pos is None else pos + n_d, before(n_d), drafts)
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i], before(i), drafts[:i])  # p(d) is 0 where the grammar forbids d
         if sampler.rng.random() * float(q[i][d]) < p[d]:  # accept with min(1, p(d) / q(d))
@@ -100,15 +91,11 @@ def verify_tree(sampler: Sampler, logits: np.ndarray, proposal: Proposal, pos: i
     tail = _history(sampler, history)
     while True:
         kids = children[row]
-        hit = None
         drafted = [tokens[i] for i in path]  # the path so far, for penalties and a grammar
         before = None if tail is None else tail + drafted
-        if sampler.params.greedy:
-            best = sampler.argmax(logits[row], before, drafted)
-        elif sampler.seeded and pos is not None:  # the sample at this depth's position
-            best = sampler.sample_at(logits[row], pos + len(path), before, drafted)
-        else:  # a draw from p: the recursive rejection's law (each child with p(child))
-            best = sampler.sample(logits[row], history=before, path=drafted)
+        # greedy: the argmax; seeded: the sample at this depth's position; otherwise a draw from p
+        # (recursive rejection's law: each child with p(child))
+        best = sampler.sample(logits[row], None if pos is None else pos + len(path), before, drafted)
         hit = next((r for r, i in enumerate(kids) if tokens[i] == best), None)
         if hit is None:
             return path, best, ranks
