@@ -57,10 +57,12 @@ def oracle(engine: EdgeEagle, reference: list[int]):
     drafts are accepted, cut at the grammar and rejected in every pattern."""
     inner = engine.drafter
     engine.drafter = OracleOverlay(inner, reference, seed=len(reference))
+    engine.controller = None  # as swap_drafter does: `auto` estimates a new drafter's acceptance afresh
     try:
         yield
     finally:
         engine.drafter = inner
+        engine.controller = None
 
 
 def _prompt(engine: EdgeEagle) -> list[int]:
