@@ -20,13 +20,20 @@ Per cycle (plan()), the same comparison covers two more proposers:
   MT-bench second turns 1.12x -> 1.14x, geometric means); a node off that path is worth its
   parent's probability times the path model's rate at its depth times its share of the
   occurrences relative to its first-choice sibling. The m best nodes by that probability form
-  the tree whose E/C is best (a chain when history never branched there). The model learns on
-  every cycle, for free: the first-choice path of the lookup made before a cycle is compared
-  with the tokens the cycle committed, whichever proposer ran (a shadow draft; a verified
-  lookup is scored the same way, through its bonus token), so copying is noticed without
-  paying for probes;
+  the tree whose E/C is best (a chain when history never branched there). A short match (not
+  extended backwards, so its model is known before its tree) whose bound on any tree's E/C
+  (every node worth its depth's reach) cannot win is not built at all: most cycles of text that
+  does not repeat. The model learns on every cycle, for free: the first-choice path of the
+  match found before a cycle (SuffixIndex.first_path) is compared with the tokens the cycle
+  committed, whichever proposer ran (a shadow draft; a verified lookup is scored the same way,
+  through its bonus token), so copying is noticed without paying for probes;
 - a drafter tree of N nodes: E_tree(N) is the tracked mean tokens per tree cycle (prior: the
   chain of the same budget), its cost c(N+1) plus the measured tree drafting time.
+
+A request's first draft also runs the prompt's rows through the drafter (its prefill: 0.5 s
+after 1,500 prompt tokens on a 2-core EPYC): no probe is started on a request's first cycle
+(one plain cycle trims or drops those rows), and when a draft is chosen there, its time
+feeds neither the drafter's step cost nor the trust.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Sequence
 from .costs import CostModel, predicted_speedup
 from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
 from .proposal import Proposal
-from .suffix import SuffixDraft, SuffixIndex
+from .suffix import Match, SuffixDraft, SuffixIndex
 
 COST_CONTEXT_STEP = 64  # costs are taken at the context rounded down to this many tokens
 
@@ -112,11 +119,18 @@ class KController(DraftPolicy):
     tree_sizes: tuple[int, ...] = ()
     tree_alpha: float = 0.1
     _lookup_models: dict[int, AcceptanceModel] = field(default_factory=dict)
-    #: the last plan's lookup in this request: (n, committed length, draft)
-    _shadow: tuple[int, int, list[int]] | None = None
+    #: the last plan's lookup in this request: (n, committed length, its match)
+    _shadow: tuple[int, int, Match] | None = None
     _answer_start: int | None = None  # this request's prompt length (its first plan's tokens)
+    #: the next plan is the request's first: a draft then also runs the prompt's rows through the
+    #: drafter, so its time says nothing of a draft step's (nor of the cost model's honesty)
+    _first: bool = False
+    _last_first: bool = False
     _tree_tokens: dict[int, float] = field(default_factory=dict)  # N -> EMA of tokens per tree cycle
     _tree_draft_s: dict[int, float] = field(default_factory=dict)  # N -> EMA of drafting seconds per tree
+    #: (N, predicted speedup, cost) per tree budget, re-costed when choose() re-evaluates the chain
+    #: (new evidence, a new context step, every reeval_every cycles) or a tree cycle reports
+    _trees: list[tuple[int, float, float]] | None = None
     _last: Plan = field(default_factory=Plan)
     #: predicted / observed cycle time of recent speculative cycles (median; capped at 1): the
     #: cost model's honesty. Speculative gains are multiplied by it, so drafts whose costs were
@@ -141,6 +155,7 @@ class KController(DraftPolicy):
     def begin(self) -> None:
         self._shadow = None  # a lookup made for the last request's tokens says nothing of this one's
         self._answer_start = None
+        self._first = True
 
     def speedup(self, k: int) -> float:
         assert self.acceptance is not None
@@ -155,11 +170,14 @@ class KController(DraftPolicy):
         # re-decide after new acceptance evidence, else every `reeval_every` cycles
         if self._cached is None or self._since_eval >= self.reeval_every:
             self._cached, self._since_eval = self.best_k(), 0
+            self._trees = None  # the tree budgets are re-costed on the same schedule
         self._since_eval += 1
         best = self._cached
         if best == 0:
             self._plain_run += 1
-            if self._plain_run >= self.probe_gap:
+            # not on a request's first cycle: the drafter would run the whole prompt's rows first
+            # (0.5 s after 1,500 tokens on a 2-core EPYC); a plain cycle trims them or drops them
+            if self._plain_run >= self.probe_gap and not self._first:
                 self._plain_run = 0
                 self._probing = True
                 return 1  # a cheap probe keeps the acceptance estimate alive
@@ -198,17 +216,22 @@ class KController(DraftPolicy):
         self.costs.observe_verify(verify_tokens, verify_s)
         kind, last = self._last.kind, self._last
         self._last = Plan()
-        if drafted and kind != PLAIN:
+        catch_up = self._last_first  # the drafter also ran the prompt's rows: drafting time unknown
+        if drafted and kind != PLAIN and not (catch_up and kind in (CHAIN, TREE)):
             self._observe_cost(self._last_cost, verify_s + draft_s)
         if kind == LOOKUP and drafted:
             return  # plan() scores the whole lookup (through the bonus token) against what was committed
         if kind == TREE and drafted:
             n = last.n
             for table, value in ((self._tree_tokens, 1.0 + accepted), (self._tree_draft_s, draft_s)):
+                if catch_up and table is self._tree_draft_s:
+                    continue
                 old = table.get(n)
                 table[n] = value if old is None else old + self.tree_alpha * (value - old)
+            self._trees = None
             return
-        self.costs.observe_draft(drafted, draft_s)
+        if not catch_up:
+            self.costs.observe_draft(drafted, draft_s)
         if drafted:
             self.acceptance.observe(drafted, accepted)
             self._cached = None
@@ -258,6 +281,22 @@ class KController(DraftPolicy):
                                                               for i in keep))
         return sub, best_s, best_m
 
+    def _lookup_bound(self, n: int) -> float:
+        """An upper bound of _best_suffix's speedup for any tree a match of length n can give: a
+        node at depth d is worth at most the path model's reach there (its share of its first
+        sibling is at most 1), and a tree of lookup_paths leaves has at most that many nodes a depth."""
+        model = self._lookup_model(n)
+        paths = max(1, self.lookup_paths)
+        nodes = min(self.lookup_nodes, paths * self.lookup_max)
+        c = self.costs.c_table(nodes + 1)
+        best, expected, reach = 0.0, 1.0, 1.0
+        for m in range(1, nodes + 1):
+            if (m - 1) % paths == 0:
+                reach *= model.rate((m - 1) // paths)
+            expected += reach
+            best = max(best, expected / c[m + 1])
+        return best
+
     def tree_speedup(self, n: int) -> float:
         return self._tree_prediction(n)[0]
 
@@ -283,8 +322,10 @@ class KController(DraftPolicy):
             if self.costs.slope_s:
                 self._cached = None  # the best k moves with the context's costs
         if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
-            n, length, draft = self._shadow                               # against what it committed
+            n, length, last_match = self._shadow                          # against what it committed
             new = list(tokens[length:])
+            assert self.lookup is not None  # the lookup's first-choice path, as deep as the cycle committed
+            draft = self.lookup.first_path(last_match, min(self.lookup_max, len(new)))
             seen = min(len(draft), len(new))
             hits = 0
             while hits < seen and draft[hits] == new[hits]:
@@ -293,6 +334,7 @@ class KController(DraftPolicy):
                 self._lookup_model(n).observe(seen, hits)
         self._shadow = None
         k = self.choose()
+        self._last_first, self._first = self._first, False
         trust = self.trust
         best, gain = (Plan(CHAIN, k), self.speedup(k) * trust) if k else (Plan(), 1.0)
         cost = self.costs.cost(k) if k else 0.0
@@ -300,18 +342,27 @@ class KController(DraftPolicy):
             gain = 1.0 + self.margin  # a probe runs unless another proposer predicts a real gain
         if self._answer_start is None:
             self._answer_start = len(tokens)
-        if self.lookup is not None:
-            found = self.lookup.lookup(tokens, self.lookup_max, self.lookup_nodes, self.lookup_paths)
-            if found.n and len(found.proposal):
-                n = min(found.n, len(tokens) - self._answer_start + 1)  # the template before the answer is no copying
-                found = SuffixDraft(n, found.proposal, found.shares)
-                self._shadow = (n, len(tokens), found.first_path)
-                proposal, s, m = self._best_suffix(found)
-                if s * trust > max(gain, 1.0 + self.margin):
-                    best, gain = Plan(LOOKUP, m, proposal), s * trust
-                    cost = self.costs.c(m + 1)
-        for n in self.tree_sizes:
-            s, tree_cost = self._tree_prediction(n)
+        match = self.lookup.match(tokens) if self.lookup is not None else None
+        if match is not None:
+            assert self.lookup is not None
+            cap = len(tokens) - self._answer_start + 1  # the template before the answer is no copying
+            # a short match is not extended, so its model is known before the tree: when no tree
+            # from it can win, the tree is not built (the shadow needs only the match)
+            n = min(match.n, cap)
+            self._shadow = (n, len(tokens), match)
+            if match.n == self.lookup.max_ngram or self._lookup_bound(n) * trust > max(gain, 1.0 + self.margin):
+                found = self.lookup.tree(match, self.lookup_max, self.lookup_nodes, self.lookup_paths)
+                if found.n and len(found.proposal):
+                    n = min(found.n, cap)
+                    self._shadow = (n, len(tokens), match)
+                    found = SuffixDraft(n, found.proposal, found.shares)
+                    proposal, s, m = self._best_suffix(found)
+                    if s * trust > max(gain, 1.0 + self.margin):
+                        best, gain = Plan(LOOKUP, m, proposal), s * trust
+                        cost = self.costs.c(m + 1)
+        if self._trees is None:
+            self._trees = [(n, *self._tree_prediction(n)) for n in self.tree_sizes]
+        for n, s, tree_cost in self._trees:
             if s * trust > max(gain, 1.0 + self.margin):
                 best, gain, cost = Plan(TREE, n), s * trust, tree_cost
         if best.kind != CHAIN and self._probing:

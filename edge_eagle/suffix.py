@@ -58,6 +58,17 @@ class SuffixDraft:
 NO_DRAFT = SuffixDraft(0, EMPTY, ())
 
 
+@dataclass(frozen=True)
+class Match:
+    """The live text's longest earlier suffix: its length n, its occurrences ((text id, end),
+    newest first), and the live text (its id, and its length when the match was found)."""
+
+    n: int
+    occ: tuple[tuple[int, int], ...]
+    size: int
+    live_id: int
+
+
 NGRAMS = (1, 2, 3, 4, 6, 8)  # the suffix lengths indexed; a match is then extended token by token
 _SHIFT = 1 << 32  # an occurrence is one int: text id * _SHIFT + end position
 
@@ -85,11 +96,13 @@ class SuffixIndex:
     @staticmethod
     def _keys(text: array, start: int, end: int):
         """(end position, hash) of each indexed n-gram of text ending at start..end-1."""
+        top = NGRAMS[-1]
         for j in range(start, end):
+            window = tuple(text[max(0, j - top + 1):j + 1])
             for n in NGRAMS:
                 if n > j + 1:
                     break
-                yield j, hash(tuple(text[j - n + 1:j + 1]))
+                yield j, hash(window[-n:])
 
     def _add(self, text_id: int, text: array, start: int, end: int) -> None:
         """Index the n-grams of text ending at start..end-1."""
@@ -186,51 +199,89 @@ class SuffixIndex:
 
     # --- proposals ----------------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], depth: int, max_nodes: int, max_paths: int = 1) -> SuffixDraft:
-        """A draft tree of what followed the context's longest earlier suffix: up to `depth`
-        deep, `max_nodes` nodes and `max_paths` leaves (1: a chain), best nodes by score."""
+    def match(self, tokens: Sequence[int]) -> Match | None:
+        """The live text becomes `tokens` (observe()); then the longest of its suffixes (among
+        NGRAMS' lengths) that occurred before, with its occurrences, or None."""
         self.observe(tokens)
         live = self._texts[self._live_id]
         size = len(live)
-        occ: list[tuple[int, int]] = []
-        n = 0
         for n in reversed(NGRAMS):
             if n <= size:
                 occ = self._occurrences(tuple(live[size - n:]))
                 if occ:
-                    break
-        if not occ:
-            return NO_DRAFT
-        # the trie: node -> {token: child}; weights per node; each occurrence weighted by its match
-        children: list[dict[int, int]] = [{}]
-        weight = [0.0]
-        node_tok = [-1]
-        longest = n
-        for text_id, end in occ:
+                    return Match(n, tuple(occ), size, self._live_id)
+        return None
+
+    def _continuations(self, match: Match, depth: int):
+        """(match length, what followed) per occurrence of `match`, newest first: each match
+        extended backwards when it has the longest indexed length, each continuation up to `depth`
+        tokens. The live text is read as it was at the match (its first match.size tokens: it
+        only grows); a live continuation that runs into that end repeats its period (a loop)."""
+        live, size, n = self._texts.get(match.live_id), match.size, match.n
+        if live is None:  # that request's text was dropped (history off)
+            return
+        for text_id, end in match.occ:
             text = self._texts.get(text_id)
             if text is None:
                 continue
+            is_live = text_id == match.live_id
             m = n
             if n == self.max_ngram:  # how far back the match goes
                 while (m < self.extend_max and end - m >= 0 and size - 1 - m >= 0
                        and text[end - m] == live[size - 1 - m]):
                     m += 1
+            stop = size if is_live else len(text)
+            follow = []
+            for j in range(depth):
+                pos = end + 1 + j
+                if pos >= stop:
+                    if not is_live:
+                        break
+                    period = size - (end + 1)
+                    if period <= 0:
+                        break
+                    follow.append(text[end + 1 + j % period])
+                else:
+                    follow.append(text[pos])
+            yield m, follow
+
+    def first_path(self, match: Match, depth: int) -> list[int]:
+        """The first-choice path of `match`'s tree up to `depth` tokens, without the tree: at each
+        depth the continuation with the most match-length weight (ties: the newest), among the
+        occurrences that continued with the path so far."""
+        runs = list(self._continuations(match, depth))
+        out: list[int] = []
+        for j in range(depth):
+            weight: dict[int, float] = {}
+            for m, follow in runs:
+                if j < len(follow):
+                    weight[follow[j]] = weight.get(follow[j], 0.0) + m
+            if not weight:
+                break
+            tok = max(weight, key=weight.__getitem__)  # the first of the largest: the newest
+            out.append(tok)
+            runs = [(m, f) for m, f in runs if j < len(f) and f[j] == tok]
+        return out
+
+    def lookup(self, tokens: Sequence[int], depth: int, max_nodes: int, max_paths: int = 1) -> SuffixDraft:
+        """A draft tree of what followed the context's longest earlier suffix: up to `depth`
+        deep, `max_nodes` nodes and `max_paths` leaves (1: a chain), best nodes by score."""
+        found = self.match(tokens)
+        return NO_DRAFT if found is None else self.tree(found, depth, max_nodes, max_paths)
+
+    def tree(self, match: Match, depth: int, max_nodes: int, max_paths: int = 1) -> SuffixDraft:
+        """lookup()'s tree for a match() of the current live text."""
+        # the trie: node -> {token: child}; weights per node; each occurrence weighted by its match
+        children: list[dict[int, int]] = [{}]
+        weight = [0.0]
+        node_tok = [-1]
+        longest = match.n
+        for m, follow in self._continuations(match, depth):
             longest = max(longest, m)
             w = float(m)
             node = 0
             weight[0] += w
-            for j in range(depth):
-                pos = end + 1 + j
-                if pos >= len(text):
-                    if text_id != self._live_id:
-                        break
-                    # the live text's own continuation runs into its end: a loop repeats
-                    period = size - (end + 1)
-                    tok = text[end + 1 + j % period] if period > 0 else None
-                    if tok is None:
-                        break
-                else:
-                    tok = text[pos]
+            for tok in follow:
                 child = children[node].get(tok)
                 if child is None:
                     child = children[node][tok] = len(node_tok)

@@ -8,6 +8,8 @@ import pytest
 from edge_eagle import EdgeEagle
 from edge_eagle.controller import AcceptanceModel, KController
 from edge_eagle.costs import CostModel
+from edge_eagle.policy import CHAIN, Plan
+from edge_eagle.suffix import SuffixDraft
 from tests.drafters import OracleDrafter
 
 
@@ -273,3 +275,101 @@ def test_a_draft_that_pays_after_a_short_context_is_declined_after_a_long_one():
     ctl.plan([1] * 8)
     assert ctl.plan([1] * 8).n > 0
     assert ctl.plan([1] * 3000).n == 0
+
+
+def test_a_lookup_that_cannot_pay_is_not_built_and_the_plans_stay_the_same():
+    """plan() skips building a short match's tree when the bound on any tree from it cannot win;
+    the bound is never below what _best_suffix finds, and a controller that builds every tree
+    makes the same plans and learns the same lookup rates."""
+    import random
+
+    from edge_eagle.suffix import SuffixIndex
+
+    rng = random.Random(5)
+    verify_s = {n: 0.01 * (1 + 0.2 * (n - 1)) for n in range(1, 18)}  # batches neither free nor linear
+
+    def controller(build_all: bool) -> KController:
+        ctl = KController(k_max=8, costs=CostModel(verify_s=dict(verify_s), draft_step_s=0.0), lookup=SuffixIndex(),
+                          lookup_nodes=12, lookup_paths=4, probe_every=1 << 30)
+        if build_all:
+            ctl._lookup_bound = lambda n: float("inf")  # type: ignore[method-assign]
+        return ctl
+
+    lazy, eager = controller(False), controller(True)
+    built = []
+    real_tree = lazy.lookup.tree
+
+    def counting_tree(*args, **kwargs):
+        built.append(1)
+        return real_tree(*args, **kwargs)
+
+    lazy.lookup.tree = counting_tree  # type: ignore[method-assign]
+    phrases = [[rng.randrange(40) for _ in range(rng.randint(8, 20))] for _ in range(6)]
+    cycles = lookups = chains = 0
+    for _ in range(6):
+        stream: list[int] = []  # the request's answer: phrases copied, and fresh tokens
+        while len(stream) < 200:
+            stream += list(rng.choice(phrases)) if rng.random() < 0.3 else [rng.randrange(40, 400)]
+        for ctl in (lazy, eager):
+            ctl.begin()
+        tokens = [1, 2, 3]
+        pos = 0
+        while pos < len(stream) - 1:
+            plans = [ctl.plan(tokens) for ctl in (lazy, eager)]
+            assert plans[0] == plans[1]
+            plan = plans[0]
+            k = plan.n if plan.kind != "plain" else 0
+            accepted = min(rng.randint(0, k), len(stream) - pos - 1) if plan.kind == "chain" else 0
+            if plan.kind == "lookup":
+                found = real_tree(lazy.lookup.match(tokens), lazy.lookup_max, lazy.lookup_nodes, lazy.lookup_paths)
+                n = min(found.n, len(tokens) - lazy._answer_start + 1)
+                best = lazy._best_suffix(SuffixDraft(n, found.proposal, found.shares))[1]
+                assert lazy._lookup_bound(n) >= best - 1e-12
+                lookups += 1
+                node, p = -1, plan.proposal  # greedy verification of the tree against the stream
+                while accepted < len(stream) - pos - 1:
+                    want = stream[pos + accepted]
+                    nxt = [i for i, par in enumerate(p.parents) if par == node and p.tokens[i] == want]
+                    if not nxt:
+                        break
+                    node, accepted = nxt[0], accepted + 1
+            for ctl in (lazy, eager):
+                ctl.update(k, accepted, k + 1, lazy.costs.step_s() * lazy.costs.c(k + 1), 0.0)
+            chains += plan.kind == "chain"
+            tokens += stream[pos:pos + accepted + 1]
+            pos += accepted + 1
+            cycles += 1
+        for ctl in (lazy, eager):
+            ctl.lookup.finish(tokens)
+    for n, model in eager._lookup_models.items():
+        assert lazy._lookup_models[n].hits == pytest.approx(model.hits)
+        assert lazy._lookup_models[n].seen == pytest.approx(model.seen)
+    assert lookups > 10 and chains > 10 and cycles - len(built) > 50  # every kind of cycle happened, trees skipped
+
+
+def test_no_probe_on_a_requests_first_cycle_and_its_drafting_time_is_not_a_draft_step():
+    """A request's first draft also runs the whole prompt's rows through the drafter (0.5 s after
+    1,500 tokens on a 2-core EPYC): a probe due then waits one cycle, and when a chain is chosen
+    there, its time moves neither the drafter's step cost nor the cost model's trust."""
+    c = KController(k_max=4, costs=_cpu_like_costs(), probe_every=8)
+    c.acceptance = AcceptanceModel(4, prior=0.0)
+    tokens = [1, 2, 3]
+    for _ in range(7):  # one cycle short of the probe
+        assert c.plan(tokens).kind == "plain"
+        c.update(0, 0, 1, 0.0066, 0.0)
+        tokens = tokens + [len(tokens) + 10]
+    c.begin()  # a new request: its first cycle stays plain, the probe comes next
+    assert c.plan(tokens).kind == "plain"
+    c.update(0, 0, 1, 0.0066, 0.0)
+    assert c.plan(tokens + [99]) == Plan(CHAIN, 1)
+
+    gpu = KController(k_max=8, costs=_gpu_like_costs())
+    gpu.acceptance = AcceptanceModel(8, prior=0.9)
+    gpu.begin()
+    plan = gpu.plan([1, 2, 3])
+    assert plan.kind == "chain" and plan.n >= 4  # chosen for real on the first cycle
+    gpu.update(plan.n, plan.n, plan.n + 1, 0.0105, 0.5)  # with the prompt's catch-up in its drafting time
+    assert gpu.costs.draft_step_s == 0.001 and gpu.trust == 1.0
+    plan = gpu.plan([1, 2, 3] + list(range(10, 10 + plan.n + 1)))
+    gpu.update(plan.n, plan.n, plan.n + 1, 0.0105, 0.002 * plan.n)  # a later cycle's drafting counts
+    assert gpu.costs.draft_step_s == pytest.approx(0.001 + 0.1 * (0.002 - 0.001))

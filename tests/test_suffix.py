@@ -45,6 +45,35 @@ def test_the_live_text_copies_itself_and_loops():
     assert list(d.proposal.tokens) == [9, 9, 9]
 
 
+def test_a_matchs_first_path_equals_its_trees_first_choice_path_without_the_tree():
+    """first_path(match, d), which the controller uses for a lookup it does not draft, is the
+    whole tree's first-choice path (most match-length weight at each depth, ties to the newest
+    occurrence), cut to d tokens, also for a live text that loops, and as the live text grows."""
+    rng = random.Random(7)
+    checked = 0
+    for trial in range(200):
+        ix = SuffixIndex(history=trial % 5 != 0)
+        for _ in range(rng.randint(0, 6)):
+            ix.finish([rng.randrange(6) for _ in range(rng.randint(5, 40))])
+        live = [rng.randrange(6) for _ in range(rng.randint(1, 30))]
+        for _ in range(3):
+            match = ix.match(live)
+            whole = ix.lookup(live, depth=8, max_nodes=10_000, max_paths=10_000)
+            if match is None:
+                assert whole.n == 0
+            else:
+                assert match.n == min(whole.n, 8)
+                for d in (1, 3, 8):
+                    assert ix.first_path(match, d) == whole.first_path[:d]
+                    checked += 1
+            grown = live + [rng.randrange(6) for _ in range(rng.randint(1, 5))]
+            ix.observe(grown)  # the live text grows: an earlier match still reads it as it was
+            if match is not None:
+                assert ix.first_path(match, 8) == whole.first_path
+            live = grown
+    assert checked > 300
+
+
 def test_memory_stays_under_the_cap_and_proposals_after_eviction_are_valid():
     rng = random.Random(0)
     cap = 5_000
