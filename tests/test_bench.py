@@ -235,3 +235,26 @@ def test_a_second_turn_follows_the_targets_own_first_answer(tiny_target, tiny_dr
         assert len(tokens) + 12 + 16 <= 512
     finally:
         bench.close()
+
+
+def test_a_prompt_cut_to_the_window_keeps_its_special_tokens_for_llama_cpps_tools(smollm):
+    """A conversation whose last message alone overflows the window keeps that message's end; the
+    text given to llama.cpp's tools, tokenized as they do (BOS added, special tokens parsed),
+    gives them the same prompt, chat markers included."""
+    from edge_eagle.bench.prompts import BenchPrompt
+
+    bench = Bench(BenchOptions(target=str(smollm), drafters=[], ks=[], auto=False, upstream=False,
+                               prompt_lookup_k=None, n_ctx=256, max_tokens=16))
+    try:
+        target = bench.engines[0].target
+        long = " ".join(f"line {i}: a tool result" for i in range(200))
+        p = BenchPrompt("1", "agent", long, messages=({"role": "system", "content": "Be brief."},
+                                                      {"role": "user", "content": long}))
+        tokens, text = bench.prompt_tokens(p)
+        assert len(tokens) == 256 - 16 - 16
+        again = target.tokenize(text, add_special=True, parse_special=True)
+        special = target.tokenize("<|im_start|>", add_special=False, parse_special=True)[0]
+        assert again[-len(tokens) + 8:] == tokens[8:]  # the same tokens, but maybe where the cut split a word
+        assert tokens[-3:] == again[-3:] and special in tokens[-4:]  # it ends with the assistant's turn
+    finally:
+        bench.close()

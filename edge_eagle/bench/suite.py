@@ -156,8 +156,14 @@ class Bench:
                 msgs = msgs[1:]
         tokens = eng.target.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) + self.opts.max_tokens + 16 > self.opts.n_ctx:
-            tokens = tokens[-(self.opts.n_ctx - self.opts.max_tokens - 16):]
-            text = eng.target.detokenize(tokens)
+            # the last message alone is too long: keep its end, after the tokens the tokenizer
+            # starts every text with (BOS), and give the tools that text with its special tokens
+            # written out, so they read the same prompt (a plain detokenization would drop the
+            # chat template's markers, and llama.cpp's tools would continue a different text)
+            head = eng.target.tokenize("", add_special=True, parse_special=True)
+            tail = tokens[len(head):][-(self.opts.n_ctx - self.opts.max_tokens - 16 - len(head)):]
+            tokens = head + tail
+            text = self._echo(tail)
         return tokens, text
 
     def close(self) -> None:
