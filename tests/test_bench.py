@@ -258,3 +258,23 @@ def test_a_prompt_cut_to_the_window_keeps_its_special_tokens_for_llama_cpps_tool
         assert tokens[-3:] == again[-3:] and special in tokens[-4:]  # it ends with the assistant's turn
     finally:
         bench.close()
+
+
+def test_llama_cpps_tools_read_a_prompt_with_backslashes_as_it_is(tiny_target, upstream):
+    """llama.cpp's tools turn escapes in a prompt file into characters unless told not to: a
+    prompt quoting JSON (\\" inside a string) would be another prompt for them. The prompt they
+    echo is ours, so their answer is found after it."""
+    from edge_eagle.bench.prompts import BenchPrompt
+
+    bench = Bench(BenchOptions(target=str(tiny_target), drafters=[], ks=[], auto=False, upstream=False,
+                               prompt_lookup_k=None, n_ctx=256, max_tokens=8, ngram=True))
+    try:
+        p = BenchPrompt("1", "agent", 'Run {"cmd": "rg -n \\"a|b\\" x.json"} and print \\n then \\\\ done.')
+        ids, text = bench.prompt_tokens(p)
+        assert '\\"' in text and "\\n" in text
+        runner = next(r for r in bench.runners if r.kind == "ngram")
+        result = runner.run(ids, text, 8)
+        assert result.generated > 0
+        assert "rg -n" not in result.text  # the echo they print matched ours and was cut off
+    finally:
+        bench.close()

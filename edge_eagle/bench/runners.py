@@ -209,10 +209,13 @@ class UpstreamRunner(Runner):
                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
 
     def command(self, prompt_file: str, n: int) -> list[str]:
+        """The command line (--no-escape: the prompt file is read as it is; by default llama.cpp's
+        tools turn escapes such as \\" in it into the characters, so a prompt quoting JSON or code
+        would read differently)."""
         return [str(self.binary), "-m", self.target, *self.spec_args(), "-f", prompt_file, "-n", str(n),
                 "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4"] + (
+                "--seed", "0", "-lv", "4", "--no-escape"] + (
                 [] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
                 ["-ngl", str(self.n_gpu_layers), "-ngld", str(self.n_gpu_layers)] if self.n_gpu_layers else [])
 
