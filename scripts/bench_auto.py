@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """auto k against plain decoding and fixed k, interleaved on the same prompts.
 
-    python scripts/bench_auto.py [--drafter PATH] [--k 1 2 3 5] [--limit 16] [-n 96] [--json OUT]
+    python scripts/bench_auto.py [--drafter PATH] [--k 1 2 3 5] [--limit 16] [-n 96] [--rounds 1] [--json OUT]
     python scripts/bench_auto.py --temperature 0.7 --tau-only   # q-sampled drafts vs sample-and-match
 
 Speed: per-prompt tokens/s ratio against plain decoding of the same prompt, run back to
-back (plain, auto, k=..., in rotating order), reported as median and min-max. With
+back (plain, auto, k=..., in rotating order; --rounds times, the prompt's ratio the median of
+its rounds), reported as median, quartiles and min-max. No request joins the suffix history. With
 --tau-only it compares acceptance at temperature > 0 between drafts sampled from the
 drafter's distribution (speculative sampling) and greedy drafts accepted only when the
 target samples the same token (sample-and-match, what upstream does).
@@ -24,6 +25,7 @@ from tqdm import tqdm  # noqa: E402
 
 from edge_eagle import Drafter, EdgeEagle, SpecStats  # noqa: E402
 from edge_eagle.fsutil import emit_report  # noqa: E402
+from edge_eagle.system import cpu_name  # noqa: E402
 from scripts.eval_drafter import mtbench_first_turns  # noqa: E402
 
 
@@ -51,11 +53,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--drafter", default="default")
     ap.add_argument("--target", default=None)
-    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 5])
+    ap.add_argument("--k", type=int, nargs="*", default=[1, 2, 3, 5], help="fixed draft lengths (none: --k)")
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--tau-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each prompt per runner, in rotating order; a prompt's ratio is its median")
     ap.add_argument("--json")
     args = ap.parse_args()
     prompts = [q["prompt"] for q in mtbench_first_turns()[:: max(1, 80 // args.limit)][: args.limit]]
@@ -79,17 +83,27 @@ def main() -> int:
             modes = [("plain", dict(speculative=False)), ("auto", dict(k="auto"))] + [
                 (f"k={k}", dict(k=k)) for k in args.k]
             ratios: dict[str, list[float]] = {m: [] for m, _ in modes[1:]}
-            ee.chat(msgs("warm up"), max_tokens=16, k="auto").result()
+            ee.chat(msgs("warm up"), max_tokens=16, k="auto", history=False).result()
             for i, p in enumerate(tqdm(prompts, desc="prompts", file=sys.stderr)):
-                order = modes[i % len(modes):] + modes[: i % len(modes)]
-                speed = {}
-                for name, kw in order:
-                    speed[name] = ee.chat(msgs(p), max_tokens=args.n, **kw).result().stats.tokens_per_second
+                per: dict[str, list[float]] = {m: [] for m in ratios}
+                for r in range(args.rounds):
+                    turn = (i + r) % len(modes)
+                    speed = {}
+                    for name, kw in modes[turn:] + modes[:turn]:
+                        # history=False: no runner drafts from another's answer to the same prompt
+                        speed[name] = ee.chat(msgs(p), max_tokens=args.n, history=False,
+                                              **kw).result().stats.tokens_per_second
+                    for name in per:
+                        per[name].append(speed[name] / speed["plain"])
                 for name in ratios:
-                    ratios[name].append(speed[name] / speed["plain"])
+                    ratios[name].append(statistics.median(per[name]))
+            out["cpu"] = cpu_name()
+            out["command"] = "python scripts/bench_auto.py " + " ".join(sys.argv[1:])
             for name, r in ratios.items():
-                out[name] = {"speedup_median": round(statistics.median(r), 3), "min": round(min(r), 3),
-                             "max": round(max(r), 3), "prompts": len(r)}
+                q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+                out[name] = {"speedup_median": round(statistics.median(r), 3), "q1": round(q[0], 3),
+                             "q3": round(q[2], 3), "min": round(min(r), 3), "max": round(max(r), 3),
+                             "prompts": len(r), "rounds": args.rounds}
     emit_report(out, args.json)
     return 0
 
