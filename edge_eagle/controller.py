@@ -13,7 +13,9 @@ Per cycle (plan()), the same comparison covers two more proposers:
 - suffix lookup (suffix.py): when the committed text's last n tokens occurred before, in this
   request or in earlier ones, a draft tree of what followed costs c(m+1) for m nodes (no drafter
   work). Its first-choice path's acceptance is modelled per match length n (1, 2, 3, 4-7, 8-15,
-  16-31, 32: a long match means the text is being copied), counting at most one token before
+  16-31, 32: a long match means the text is being copied) and per source (this request's own
+  text, or only earlier requests': a phrase another answer used is weaker evidence; a long match
+  into this request's text starts from a prior of 0.8, others from 0.5), counting at most one token before
   this request's answer: every answer starts after the same chat-template tokens, so a match
   reaching back into them says nothing about copying (measured on the suffix index's drafts of
   plain decoding's answers, scripts/bench_suffix.py's policy replay: repeat 1.08x -> 1.12x,
@@ -48,6 +50,11 @@ from .proposal import Proposal
 from .suffix import Match, SuffixDraft, SuffixIndex
 
 COST_CONTEXT_STEP = 64  # costs are taken at the context rounded down to this many tokens
+#: the prior rate of a match of 8 or more tokens into this request's own text (copying), before
+#: its bin has evidence (0.5 otherwise). Policy replay, scripts/bench_suffix.py's, geometric means
+#: over the agent sessions, repeat, MT-bench second and first turns: 1.199, 1.180, 1.156, 0.984
+#: with 0.5 against 1.238, 1.201, 1.172, 0.982 with 0.8
+LONG_MATCH_PRIOR = 0.8
 
 
 @dataclass
@@ -118,7 +125,8 @@ class KController(DraftPolicy):
     #: tree node budgets this controller may choose (empty: chains only)
     tree_sizes: tuple[int, ...] = ()
     tree_alpha: float = 0.1
-    _lookup_models: dict[int, AcceptanceModel] = field(default_factory=dict)
+    #: (match-length bin, from the history) -> its acceptance model
+    _lookup_models: dict[tuple[int, bool], AcceptanceModel] = field(default_factory=dict)
     #: the last plan's lookup in this request: (n, committed length, its match)
     _shadow: tuple[int, int, Match] | None = None
     _answer_start: int | None = None  # this request's prompt length (its first plan's tokens)
@@ -241,23 +249,30 @@ class KController(DraftPolicy):
 
     # --- per-cycle proposer --------------------------------------------------------------------
 
-    def _lookup_model(self, n: int) -> AcceptanceModel:
-        n = 1 << (max(1, n).bit_length() - 1) if n > 3 else n  # match lengths 1, 2, 3, 4-7, 8-15, ...
-        if n not in self._lookup_models:
+    def _lookup_model(self, n: int, history: bool = False) -> AcceptanceModel:
+        """The model of matches of length n (in bins 1, 2, 3, 4-7, 8-15, ...) into this request's
+        own text, or (history) only into earlier requests': a phrase another answer also used is
+        weaker evidence than text this request is copying, and each kind learns apart."""
+        n = 1 << (max(1, n).bit_length() - 1) if n > 3 else n
+        key = (n, history)
+        if key not in self._lookup_models:
             # a shadow lookup during plain decoding sees one position only. After a match of 4 or
             # more tokens (copying) deeper positions borrow its rate; after a short one they do
             # not: text that repeats a token or two does not repeat a whole draft. (A higher prior
-            # for long matches measured 0.957x plain on MT-bench against 0.991x: not taken.)
-            self._lookup_models[n] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha, borrow=n >= 4)
-        return self._lookup_models[n]
+            # for every long match, history included, measured 0.957x plain on MT-bench against
+            # 0.991x live; the history's matches now learn apart and keep 0.5.)
+            prior = LONG_MATCH_PRIOR if n >= 8 and not history else 0.5
+            self._lookup_models[key] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha, prior=prior,
+                                                       borrow=n >= 4)
+        return self._lookup_models[key]
 
-    def lookup_speedup(self, n: int, m: int) -> float:
+    def lookup_speedup(self, n: int, m: int, history: bool = False) -> float:
         """Predicted speedup of an m-token lookup draft found by an n-gram match (no drafter cost)."""
-        return predicted_speedup(self._lookup_model(n).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
+        return predicted_speedup(self._lookup_model(n, history).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
 
-    def _best_suffix(self, draft: SuffixDraft) -> tuple[Proposal, float, int]:
+    def _best_suffix(self, draft: SuffixDraft, history: bool = False) -> tuple[Proposal, float, int]:
         """The suffix tree's best node set by predicted speedup: (its proposal, the speedup, m)."""
-        model = self._lookup_model(draft.n)
+        model = self._lookup_model(draft.n, history)
         tokens, parents, shares = draft.proposal.tokens, draft.proposal.parents, draft.shares
         prob: list[float] = []
         top: dict[int, float] = {}  # parent -> its first (largest-share) child's share
@@ -281,11 +296,11 @@ class KController(DraftPolicy):
                                                               for i in keep))
         return sub, best_s, best_m
 
-    def _lookup_bound(self, n: int) -> float:
+    def _lookup_bound(self, n: int, history: bool = False) -> float:
         """An upper bound of _best_suffix's speedup for any tree a match of length n can give: a
         node at depth d is worth at most the path model's reach there (its share of its first
         sibling is at most 1), and a tree of lookup_paths leaves has at most that many nodes a depth."""
-        model = self._lookup_model(n)
+        model = self._lookup_model(n, history)
         paths = max(1, self.lookup_paths)
         nodes = min(self.lookup_nodes, paths * self.lookup_max)
         c = self.costs.c_table(nodes + 1)
@@ -323,6 +338,7 @@ class KController(DraftPolicy):
                 self._cached = None  # the best k moves with the context's costs
         if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
             n, length, last_match = self._shadow                          # against what it committed
+            history = last_match.occ[0][0] != last_match.live_id  # the newest occurrence: another request's
             new = list(tokens[length:])
             assert self.lookup is not None  # the lookup's first-choice path, as deep as the cycle committed
             draft = self.lookup.first_path(last_match, min(self.lookup_max, len(new)))
@@ -331,7 +347,7 @@ class KController(DraftPolicy):
             while hits < seen and draft[hits] == new[hits]:
                 hits += 1
             if seen:
-                self._lookup_model(n).observe(seen, hits)
+                self._lookup_model(n, history).observe(seen, hits)
         self._shadow = None
         k = self.choose()
         self._last_first, self._first = self._first, False
@@ -349,14 +365,16 @@ class KController(DraftPolicy):
             # a short match is not extended, so its model is known before the tree: when no tree
             # from it can win, the tree is not built (the shadow needs only the match)
             n = min(match.n, cap)
+            history = match.occ[0][0] != match.live_id  # only earlier requests hold it
             self._shadow = (n, len(tokens), match)
-            if match.n == self.lookup.max_ngram or self._lookup_bound(n) * trust > max(gain, 1.0 + self.margin):
+            can_win = self._lookup_bound(n, history) * trust > max(gain, 1.0 + self.margin)
+            if match.n == self.lookup.max_ngram or can_win:
                 found = self.lookup.tree(match, self.lookup_max, self.lookup_nodes, self.lookup_paths)
                 if found.n and len(found.proposal):
                     n = min(found.n, cap)
                     self._shadow = (n, len(tokens), match)
                     found = SuffixDraft(n, found.proposal, found.shares)
-                    proposal, s, m = self._best_suffix(found)
+                    proposal, s, m = self._best_suffix(found, history)
                     if s * trust > max(gain, 1.0 + self.margin):
                         best, gain = Plan(LOOKUP, m, proposal), s * trust
                         cost = self.costs.c(m + 1)

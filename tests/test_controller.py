@@ -292,7 +292,7 @@ def test_a_lookup_that_cannot_pay_is_not_built_and_the_plans_stay_the_same():
         ctl = KController(k_max=8, costs=CostModel(verify_s=dict(verify_s), draft_step_s=0.0), lookup=SuffixIndex(),
                           lookup_nodes=12, lookup_paths=4, probe_every=1 << 30)
         if build_all:
-            ctl._lookup_bound = lambda n: float("inf")  # type: ignore[method-assign]
+            ctl._lookup_bound = lambda n, history=False: float("inf")  # type: ignore[method-assign]
         return ctl
 
     lazy, eager = controller(False), controller(True)
@@ -322,9 +322,10 @@ def test_a_lookup_that_cannot_pay_is_not_built_and_the_plans_stay_the_same():
             accepted = min(rng.randint(0, k), len(stream) - pos - 1) if plan.kind == "chain" else 0
             if plan.kind == "lookup":
                 found = real_tree(lazy.lookup.match(tokens), lazy.lookup_max, lazy.lookup_nodes, lazy.lookup_paths)
-                n = min(found.n, len(tokens) - lazy._answer_start + 1)
-                best = lazy._best_suffix(SuffixDraft(n, found.proposal, found.shares))[1]
-                assert lazy._lookup_bound(n) >= best - 1e-12
+                m = lazy.lookup.match(tokens)
+                n, history = min(found.n, len(tokens) - lazy._answer_start + 1), m.occ[0][0] != m.live_id
+                best = lazy._best_suffix(SuffixDraft(n, found.proposal, found.shares), history)[1]
+                assert lazy._lookup_bound(n, history) >= best - 1e-12
                 lookups += 1
                 node, p = -1, plan.proposal  # greedy verification of the tree against the stream
                 while accepted < len(stream) - pos - 1:
@@ -373,3 +374,30 @@ def test_no_probe_on_a_requests_first_cycle_and_its_drafting_time_is_not_a_draft
     plan = gpu.plan([1, 2, 3] + list(range(10, 10 + plan.n + 1)))
     gpu.update(plan.n, plan.n, plan.n + 1, 0.0105, 0.002 * plan.n)  # a later cycle's drafting counts
     assert gpu.costs.draft_step_s == pytest.approx(0.001 + 0.1 * (0.002 - 0.001))
+
+
+def test_matches_into_this_requests_text_and_into_earlier_requests_learn_apart():
+    """A phrase only earlier requests hold is weaker evidence than text this request copies: the
+    two kinds have their own models; a long match into this request's own text starts from
+    LONG_MATCH_PRIOR, one into the history from 0.5."""
+    from edge_eagle.controller import LONG_MATCH_PRIOR
+    from edge_eagle.suffix import SuffixIndex
+
+    ix = SuffixIndex()
+    ctl = KController(k_max=8, costs=CostModel(verify_s={n: 0.01 * n for n in range(1, 18)}), lookup=ix)
+    assert ctl._lookup_model(8).rate(0) == pytest.approx(LONG_MATCH_PRIOR)
+    assert ctl._lookup_model(16, history=True).rate(0) == pytest.approx(0.5)
+    ix.finish([50, 51, 52, 53, 60])  # an earlier request
+    ctl.begin()
+    tokens = [1, 2, 3, 50, 51, 52, 53]  # ends with that request's phrase: only the history holds it
+    ctl.plan(tokens)
+    tokens += [70]  # not what followed it there
+    ctl.plan(tokens)
+    assert (ctl._lookup_model(1, history=True).seen[0], ctl._lookup_model(1, history=True).hits[0]) == (1.0, 0.0)
+    assert ctl._lookup_model(1).seen[0] == 0.0
+    tokens += [1, 2, 3]  # now the request repeats its own text
+    ctl.plan(tokens)
+    tokens += [50]  # as it went on before
+    ctl.plan(tokens)
+    assert (ctl._lookup_model(3).seen[0], ctl._lookup_model(3).hits[0]) == (1.0, 1.0)
+    assert ctl._lookup_model(3, history=True).seen[0] == 0.0
