@@ -2,7 +2,7 @@
 """The suffix index's own costs, what an oracle would gain from its drafts, and what `auto` gains.
 
     python scripts/bench_suffix.py [--prompts repeat] [--limit 12] [--every 1] [-n 128]
-                                    [--index-tokens 100000] [--json OUT]
+                                    [--index-tokens 100000] [--n-ctx 4096] [--json OUT]
 
 1. Index: prompts of the shipped sets and MT-bench, tokenized by the target, indexed as
    requests until the history holds --index-tokens tokens; reported: indexing tokens/s, lookups/s
@@ -213,10 +213,11 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--index-tokens", type=int, default=100_000)
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context window (prompts are cut to fit, as bench does)")
     ap.add_argument("--json")
     args = ap.parse_args()
     bench = Bench(BenchOptions(prompts=args.prompts, drafters=[], ks=[], auto=False, upstream=False,
-                               prompt_lookup_k=None, memory=False, max_tokens=args.n, n_ctx=4096))
+                               prompt_lookup_k=None, memory=False, max_tokens=args.n, n_ctx=args.n_ctx))
     try:
         ee = bench.engines[0]
         index = index_costs(ee, args.index_tokens)
