@@ -338,7 +338,6 @@ class KController(DraftPolicy):
                 self._cached = None  # the best k moves with the context's costs
         if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
             n, length, last_match = self._shadow                          # against what it committed
-            history = last_match.occ[0][0] != last_match.live_id  # the newest occurrence: another request's
             new = list(tokens[length:])
             assert self.lookup is not None  # the lookup's first-choice path, as deep as the cycle committed
             draft = self.lookup.first_path(last_match, min(self.lookup_max, len(new)))
@@ -347,7 +346,7 @@ class KController(DraftPolicy):
             while hits < seen and draft[hits] == new[hits]:
                 hits += 1
             if seen:
-                self._lookup_model(n, history).observe(seen, hits)
+                self._lookup_model(n, last_match.from_history).observe(seen, hits)
         self._shadow = None
         k = self.choose()
         self._last_first, self._first = self._first, False
@@ -364,20 +363,17 @@ class KController(DraftPolicy):
             cap = len(tokens) - self._answer_start + 1  # the template before the answer is no copying
             # a short match is not extended, so its model is known before the tree: when no tree
             # from it can win, the tree is not built (the shadow needs only the match)
-            n = min(match.n, cap)
-            history = match.occ[0][0] != match.live_id  # only earlier requests hold it
-            self._shadow = (n, len(tokens), match)
-            can_win = self._lookup_bound(n, history) * trust > max(gain, 1.0 + self.margin)
-            if match.n == self.lookup.max_ngram or can_win:
+            n, history = min(match.n, cap), match.from_history
+            if (match.n == self.lookup.max_ngram
+                    or self._lookup_bound(n, history) * trust > max(gain, 1.0 + self.margin)):
                 found = self.lookup.tree(match, self.lookup_max, self.lookup_nodes, self.lookup_paths)
-                if found.n and len(found.proposal):
-                    n = min(found.n, cap)
-                    self._shadow = (n, len(tokens), match)
-                    found = SuffixDraft(n, found.proposal, found.shares)
-                    proposal, s, m = self._best_suffix(found, history)
+                n = min(found.n, cap)  # a longest-length match was extended backwards
+                if len(found.proposal):
+                    proposal, s, m = self._best_suffix(SuffixDraft(n, found.proposal, found.shares), history)
                     if s * trust > max(gain, 1.0 + self.margin):
                         best, gain = Plan(LOOKUP, m, proposal), s * trust
                         cost = self.costs.c(m + 1)
+            self._shadow = (n, len(tokens), match)
         if self._trees is None:
             self._trees = [(n, *self._tree_prediction(n)) for n in self.tree_sizes]
         for n, s, tree_cost in self._trees:

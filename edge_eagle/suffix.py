@@ -68,6 +68,11 @@ class Match:
     size: int
     live_id: int
 
+    @property
+    def from_history(self) -> bool:
+        """Only earlier requests hold it: its newest occurrence is not in the live text."""
+        return self.occ[0][0] != self.live_id
+
 
 NGRAMS = (1, 2, 3, 4, 6, 8)  # the suffix lengths indexed; a match is then extended token by token
 _SHIFT = 1 << 32  # an occurrence is one int: text id * _SHIFT + end position

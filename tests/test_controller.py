@@ -323,7 +323,7 @@ def test_a_lookup_that_cannot_pay_is_not_built_and_the_plans_stay_the_same():
             if plan.kind == "lookup":
                 found = real_tree(lazy.lookup.match(tokens), lazy.lookup_max, lazy.lookup_nodes, lazy.lookup_paths)
                 m = lazy.lookup.match(tokens)
-                n, history = min(found.n, len(tokens) - lazy._answer_start + 1), m.occ[0][0] != m.live_id
+                n, history = min(found.n, len(tokens) - lazy._answer_start + 1), m.from_history
                 best = lazy._best_suffix(SuffixDraft(n, found.proposal, found.shares), history)[1]
                 assert lazy._lookup_bound(n, history) >= best - 1e-12
                 lookups += 1
