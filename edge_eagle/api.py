@@ -300,6 +300,9 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         target, else prompt lookup), "ngram" (prompt lookup), a Drafter, or None (plain).
     repack: llama.cpp CPU weight repacking, "auto" (off only where its AMX kernels would
         run, which crash), "on" or "off"; None reads $EDGE_EAGLE_REPACK (default auto).
+    flash_attn: llama.cpp's flash attention for the target and drafter, "auto" (None: off where
+        attention runs on the CPU, where it is slower at long contexts; llama.cpp's own choice
+        with layers on a GPU), "on" or "off" (system.decide_flash_attn).
     tree: draft a tree of this many nodes each cycle instead of a chain (EAGLE drafters);
         k="auto" may choose trees by itself. tree_paths: the most root-to-leaf paths a
         verified tree may have (llama.cpp sequences; 0: no trees).
@@ -317,7 +320,8 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                  n_gpu_layers: int = 0, n_threads: int | None = None, capture: str = "auto", k_max: int = 8,
                  repack: str | None = None, tree: int | None = None, tree_paths: int = TREE_PATHS,
                  history: bool = True, history_tokens: int = 200_000, learn: bool = False,
-                 learn_tokens: int = LEARN_TOKENS, learn_idle: float = 5.0, learn_min_new: int = 16):
+                 learn_tokens: int = LEARN_TOKENS, learn_idle: float = 5.0, learn_min_new: int = 16,
+                 flash_attn: str | None = None):
         k = _check_k(k)
         #: suffix drafts' index: this engine's current request and, with history, earlier ones
         self.suffix = SuffixIndex(max_tokens=history_tokens, history=history)
@@ -325,7 +329,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         target_path = defaults.default_target() if target is None else target
         meter = None if n_threads else LoadMeter()  # other programs' load, measured while the models load
         self.target = Target(target_path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                             capture=capture, repack=repack, tree_paths=tree_paths)
+                             capture=capture, repack=repack, tree_paths=tree_paths, flash_attn=flash_attn)
         self.k, self.p_min, self.k_max = k, p_min, k_max
         self.controller: KController | None = None  # created, and calibrated, on first use of k="auto"
         self.drafter: Drafter | None

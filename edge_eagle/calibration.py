@@ -5,8 +5,8 @@ cache pays nothing and a first request never pays for measuring.
 The cache is one JSON file ($EDGE_EAGLE_CALIBRATION, else ($XDG_CACHE_HOME or ~/.cache)/
 edge-eagle/calibration.json), written atomically, with the newest MAX_ENTRIES entries. An
 entry's key names the CPU, the usable cores, the model file (path, size, modification time),
-the thread count, the GPU layers, the weight layout (repack) and the llama-cpp-python version:
-a change of any of them measures again."""
+the thread count, the GPU layers, the weight layout (repack), flash attention and the
+llama-cpp-python version: a change of any of them measures again."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def key(target: Any, threads: int, n_max: int) -> str:
              "size": st.st_size, "mtime_ns": st.st_mtime_ns, "threads": threads, "n_max": n_max,
              "gpu_layers": getattr(target, "n_gpu_layers", 0),
              "repack": bool(getattr(getattr(target, "repack", None), "use_extra_bufts", False)),
+             "flash_attn": getattr(getattr(target, "flash_attn", None), "setting", None),
              "llama_cpp_python": llama_cpp.__version__}
     return json.dumps(parts, sort_keys=True)
 

@@ -75,7 +75,8 @@ def cmd_system(args: argparse.Namespace) -> int:
         models["target"] = target
     if args.file:
         models["drafter" if _describe(args.file)["kind"] == "drafter" else "model"] = args.file
-    report = system_report(args.gpu_layers, models, repack=args.repack, threads=args.n_threads)
+    report = system_report(args.gpu_layers, models, repack=args.repack, threads=args.n_threads,
+                           flash_attn=args.flash_attn)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return 0
 
@@ -195,7 +196,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         prompt_lookup_k=None if args.prompt_lookup_k == 0 else args.prompt_lookup_k,
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
                         ngram=args.ngram,
-                        threads=args.n_threads, memory=not args.no_memory, repack=args.repack)
+                        threads=args.n_threads, memory=not args.no_memory, repack=args.repack,
+                        flash_attn=args.flash_attn)
     report = run_bench(opts, progress=not args.quiet)
     written = write_all(report, Path(args.out), Path(args.json) if args.json else None)
     print(markdown(report))
@@ -573,7 +575,7 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--every", type=int, default=1, help="take every n-th prompt (keeps the categories)")
     b.add_argument("-n", type=int, default=96, help="max tokens per prompt (default 96)")
     # the engine's options that every runner shares; drafters, k and trees are swept (below)
-    EngineOptions.add_arguments(b, only=["target", "n_ctx", "n_threads", "n_gpu_layers", "repack"],
+    EngineOptions.add_arguments(b, only=["target", "n_ctx", "n_threads", "n_gpu_layers", "repack", "flash_attn"],
                                 defaults={"n_ctx": 2048})
     b.add_argument("--drafter", action="append",
                    help="eagle3 GGUF (repeatable; default: the shipped drafter; 'none': no EAGLE runners)")
@@ -604,7 +606,7 @@ def _add_inspect(sub: Any) -> None:
                    help="print the llama.cpp build, its backends and devices, the CPU features, the weight "
                         "buffer types in use and why, and the thread count")
     i.add_argument("--gpu-layers", type=int, default=0, help="with --system: layers offloaded, as you run them")
-    EngineOptions.add_arguments(i, only=["repack", "n_threads"])
+    EngineOptions.add_arguments(i, only=["repack", "n_threads", "flash_attn"])
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
 

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .system import REPACK_MODES
+from .system import FLASH_ATTN_MODES, REPACK_MODES
 
 TREE_PATHS = 16  # root-to-leaf paths a verified tree may have: llama.cpp sequences of the target
 LEARN_TOKENS = 2_000_000  # the learn store's default cap (learn/store.py)
@@ -61,6 +61,9 @@ class EngineOptions:
     repack: str | None = field(default=None, metadata=flag(
         "--repack", "llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would run, since "
         "they crash; also $EDGE_EAGLE_REPACK)", choices=list(REPACK_MODES)))
+    flash_attn: str = field(default="auto", metadata=flag(
+        "--flash-attn", "llama.cpp's flash attention (default auto: off where attention runs on the CPU, where "
+        "it is slower at long contexts; llama.cpp's choice with layers on a GPU)", choices=list(FLASH_ATTN_MODES)))
     k: int | str = field(default="auto", metadata=flag(
         "--k", "draft length, or 'auto' (the default: picked per cycle, never slower than plain)", k_arg))
     tree: int | None = field(default=None, metadata=flag(

@@ -79,6 +79,49 @@ def repack_for(n_gpu_layers: int, n_layer: int | None, requested: str | None = N
     return decide_repack(repack_mode(requested), cpu_extra_buffer_types(), weights_on_cpu(n_gpu_layers, n_layer))
 
 
+# --- flash attention ---------------------------------------------------------------------------
+
+FLASH_ATTN_MODES = ("auto", "on", "off")
+# llama_flash_attn_type: llama.cpp's own AUTO enables it wherever the device supports it, the CPU included
+FLASH_ATTN_TYPES = {"llama.cpp": -1, "off": 0, "on": 1}
+
+
+@dataclass(frozen=True)
+class FlashAttnDecision:
+    setting: str  # what llama.cpp is asked for: on, off, or llama.cpp (its own AUTO)
+    mode: str  # the requested mode: auto, on or off
+    reason: str
+
+    @property
+    def llama_type(self) -> int:
+        """The llama_context_params.flash_attn_type value."""
+        return FLASH_ATTN_TYPES[self.setting]
+
+
+def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDecision:
+    """Whether a context computes attention with llama.cpp's flash-attention kernel (pure: unit-tested).
+
+    auto: off where the KV cache, and so attention, is on the CPU. There llama.cpp's CPU kernel
+    (vendored 0.3.36) walks every cached cell once per query row and head, and costs more the
+    longer the context: on a 2-core AMD EPYC with SmolLM2-135M, decoding one token after 2,048
+    tokens took 26.0 ms with it and 20.7 ms without, a batch of 9 after 1,024 tokens 113 ms and
+    64 ms; up to 256 tokens of context the two were within noise (docs/measurements.md, 2026-12-07).
+    With layers offloaded to a GPU, llama.cpp's own AUTO decides."""
+    mode = (mode or "auto").strip().lower()
+    if mode not in FLASH_ATTN_MODES:
+        raise EdgeEagleError(f"Unknown flash attention mode '{mode}'; use auto, on or off.")
+    if mode != "auto":
+        return FlashAttnDecision(mode, mode, f"forced {mode}")
+    if attention_on_cpu:
+        return FlashAttnDecision("off", mode, "off: attention runs on the CPU, where llama.cpp's flash-attention "
+                                 "kernel is slower at long contexts")
+    return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto: layers are offloaded to a GPU")
+
+
+def flash_attn_for(n_gpu_layers: int, requested: str | None = None) -> FlashAttnDecision:
+    return decide_flash_attn(requested, not _has_gpu() or n_gpu_layers == 0)
+
+
 # --- ggml's backend registry, through ctypes -------------------------------------------------
 
 class _Feature(ctypes.Structure):
@@ -213,6 +256,7 @@ class SystemReport:
     features: dict[str, dict[str, str]]
     cpu_extra_buffer_types: list[str]
     repack: dict[str, Any]
+    flash_attn: dict[str, Any] = field(default_factory=dict)
     model_buffers: dict[str, dict[str, float]] = field(default_factory=dict)
     thread_policy: dict[str, Any] = field(default_factory=dict)
 
@@ -240,7 +284,8 @@ def thread_policy(threads: int | None = None, interval: float = 0.5) -> dict[str
 
 
 def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = None,
-                  repack: str | None = None, threads: int | None = None) -> SystemReport:
+                  repack: str | None = None, threads: int | None = None,
+                  flash_attn: str | None = None) -> SystemReport:
     """Everything a bug report about speed or a crash needs; loads the given models to list their buffers."""
     import llama_cpp
     from llama_cpp import llama_cpp as C
@@ -255,7 +300,8 @@ def system_report(n_gpu_layers: int = 0, model_paths: dict[str, str] | None = No
         cores=os.cpu_count(), cpu_amx_flags=sorted(f for f in cpu_flags() if f.startswith("amx")),
         threads_default=n_threads_default(), devices=devices(), features=backend_features(),
         cpu_extra_buffer_types=cpu_extra_buffer_types(),
-        repack={"env": os.environ.get(REPACK_ENV), **asdict(decision)}, model_buffers=buffers,
+        repack={"env": os.environ.get(REPACK_ENV), **asdict(decision)},
+        flash_attn=asdict(flash_attn_for(n_gpu_layers, flash_attn)), model_buffers=buffers,
         thread_policy=thread_policy(threads))
 
 
@@ -272,6 +318,8 @@ def format_report(r: SystemReport) -> str:
     lines.append("CPU extra buffer types: " + (", ".join(r.cpu_extra_buffer_types) or "none"))
     env = f" (from {REPACK_ENV}={r.repack['env']})" if r.repack["env"] else ""
     lines.append(f"weight repacking [{r.repack['mode']}{env}]: {r.repack['reason']}")
+    if r.flash_attn:
+        lines.append(f"flash attention [{r.flash_attn['mode']}]: {r.flash_attn['reason']}")
     for role, bufs in r.model_buffers.items():
         lines.append(f"{role} buffers: " + ", ".join(f"{k} {v:.1f} MiB" for k, v in bufs.items()))
     if r.thread_policy:

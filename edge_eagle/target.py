@@ -19,6 +19,7 @@ from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
 from .kv import Memory
 from .proposal import Proposal
+from .system import flash_attn_for
 
 MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
 
@@ -75,7 +76,7 @@ class Target:
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, capture: str = "auto",
                  gguf: GGUFFile | None = None, repack: str | None = None, n_seq: int = 1,
-                 tree_paths: int = 0):
+                 tree_paths: int = 0, flash_attn: str | None = None):
         self.path = os.fspath(path)
         self.gguf = gguf or read_gguf(self.path)
         if self.gguf.arch == K.EAGLE3:
@@ -96,6 +97,8 @@ class Target:
         self._epoch = 0  # counts decodes: a DecodeResult's feature views hold until the next one
         threads = n_threads or n_threads_default()
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers
+        #: flash attention for this context and the drafter's (system.decide_flash_attn: off on the CPU)
+        self.flash_attn = flash_attn_for(n_gpu_layers, flash_attn)
 
         loaded = load_model(self.path, n_gpu_layers, self.n_layer, repack)
         self.model, self.repack, self.buffers = loaded.handle, loaded.repack, loaded.buffers
@@ -110,7 +113,8 @@ class Target:
         seq_max = n_seq if n_seq > 1 else 1 + self.tree_paths
         fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
                                       n_threads=threads, n_threads_batch=threads, no_perf=True,
-                                      n_seq_max=seq_max, kv_unified=self.tree_paths > 0)
+                                      n_seq_max=seq_max, kv_unified=self.tree_paths > 0,
+                                      flash_attn_type=self.flash_attn.llama_type)
         if self.capture.callback is not None:
             fields["cb_eval"] = self.capture.callback
         self.ctx = new_context(self.model, os.path.basename(self.path), **fields)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edge_eagle import system
@@ -161,3 +162,67 @@ def test_inspect_system_reports_build_devices_buffers_and_threads(q4_0_target):
     assert text.returncode == 0, text.stderr
     assert "weight repacking [off" in text.stdout and "forced off" in text.stdout
     assert "CPU_REPACK" not in text.stdout.split("target buffers:")[1]
+
+
+# --- flash attention ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,on_cpu,setting", [
+    ("auto", True, "off"),        # llama.cpp's CPU kernel is slower at long contexts (docs/measurements.md)
+    ("auto", False, "llama.cpp"),  # layers on a GPU: llama.cpp's own AUTO
+    (None, True, "off"),
+    ("on", True, "on"),           # forced: the user's call
+    ("OFF", False, "off"),
+])
+def test_flash_attention_decision(mode, on_cpu, setting):
+    d = system.decide_flash_attn(mode, on_cpu)
+    assert d.setting == setting
+    assert d.llama_type == {"off": 0, "on": 1, "llama.cpp": -1}[setting]
+
+
+def test_an_unknown_flash_attention_mode_says_what_to_use():
+    with pytest.raises(EdgeEagleError, match="use auto, on or off"):
+        system.decide_flash_attn("sometimes", True)
+
+
+def test_the_flash_attention_switch_reaches_llama_cpp(tiny_target):
+    """on and off compute attention differently (the logits differ in their last bits); auto on a
+    machine without a GPU is off, bit for bit."""
+    prompt = [(7 * i) % 200 + 10 for i in range(80)]
+    logits = {}
+    for mode in ("on", "off", "auto"):
+        t = Target(tiny_target, n_ctx=256, flash_attn=mode)
+        try:
+            assert t.flash_attn.mode == mode
+            logits[mode] = np.array(t.decode(prompt, 0, "all").logits, copy=True)
+        finally:
+            t.close()
+    assert not np.array_equal(logits["on"], logits["off"])
+    np.testing.assert_allclose(logits["on"], logits["off"], atol=0.05)  # the same attention, another kernel
+    if not system._has_gpu():
+        assert np.array_equal(logits["auto"], logits["off"])
+
+
+def test_llama_cpps_tools_compute_attention_as_the_engines_do():
+    from edge_eagle.bench.runners import UpstreamRunner
+
+    def fa(**kw):
+        cmd = UpstreamRunner(Path("llama-speculative-simple"), "t.gguf", "d.gguf", 3, 256, 1, **kw).command("p", 8)
+        return cmd[cmd.index("-fa") + 1]
+
+    assert fa(flash_attn="on") == "on"
+    assert fa(flash_attn="off") == "off"
+    if not system._has_gpu():
+        assert fa() == "off"
+
+
+def test_a_calibration_belongs_to_one_flash_attention_setting(tiny_target):
+    from edge_eagle import calibration
+
+    keys = {}
+    for mode in ("on", "off"):
+        t = Target(tiny_target, n_ctx=64, flash_attn=mode)
+        try:
+            keys[mode] = calibration.key(t, 1, 9)
+        finally:
+            t.close()
+    assert keys["on"] != keys["off"]

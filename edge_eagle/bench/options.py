@@ -27,6 +27,7 @@ class BenchOptions:
     threads: int | None = None
     n_gpu_layers: int = 0  # layers on the GPU, for every runner (target and drafter)
     repack: str | None = None  # llama.cpp's CPU weight repacking for every runner (None: $EDGE_EAGLE_REPACK or auto)
+    flash_attn: str | None = None  # llama.cpp's flash attention for every runner (None: auto, system.decide_flash_attn)
     memory: bool = True  # measure each runner's peak RSS in a child process
     warmup: bool = True
 

@@ -22,7 +22,7 @@ from .summary import summarize
 __all__ = ["BenchOptions", "run_bench"]
 
 
-def _machine(threads: int, repack: str | None) -> dict[str, Any]:
+def _machine(threads: int, repack: str | None, flash_attn: str | None = None, n_gpu_layers: int = 0) -> dict[str, Any]:
     from .. import system
 
     mem = None
@@ -32,7 +32,8 @@ def _machine(threads: int, repack: str | None) -> dict[str, Any]:
         pass
     return {"cpu": system.cpu_name(), "cores": os.cpu_count(), "threads": threads,
             "memory_gib": mem, "os": platform.platform(), "python": platform.python_version(),
-            "backend": "llama.cpp CPU (llama-cpp-python 0.3.36)", "repack": system.repack_for(0, None, repack).reason}
+            "backend": "llama.cpp CPU (llama-cpp-python 0.3.36)", "repack": system.repack_for(0, None, repack).reason,
+            "flash_attn": system.flash_attn_for(n_gpu_layers, flash_attn).reason}
 
 
 def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         noise, found = divergences(bench, prompts, prompt_ids, results)
         bar.update(1)
         bar.close()
-        machine = _machine(decision.threads, opts.repack)
+        machine = _machine(decision.threads, opts.repack, opts.flash_attn, opts.n_gpu_layers)
         load = meter.sample()
         machine["thread_policy"] = decision.describe()
         machine["other_load_during_run"] = None if load is None else round(load, 2)

@@ -25,7 +25,7 @@ from ..cpu_key import build_key
 from ..errors import EdgeEagleError
 from ..fsutil import cache_dir
 from ..stats import SpecStats
-from ..system import repack_for
+from ..system import flash_attn_for, repack_for
 
 UPSTREAM_VERSION = "0.3.36"
 
@@ -122,20 +122,22 @@ class PromptLookupRunner(Runner):
     kind = "prompt-lookup"
 
     def __init__(self, target: str, k: int, n_ctx: int, n_threads: int | None, eos: set[int],
-                 n_gpu_layers: int = 0, repack: str | None = None):
+                 n_gpu_layers: int = 0, repack: str | None = None, flash_attn: str | None = None):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.k, self.name, self.eos = k, f"prompt-lookup k={k}", eos
         self.draft = _RecordingDraft(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
         threads = n_threads or min(8, os.cpu_count() or 1)
-        # flash_attn=True: llama.cpp's tools and edge-eagle use AUTO (on, here); llama-cpp-python's
-        # default (off) shifts logits enough to flip near-ties. logits_all=True: with a draft model,
+        fa = flash_attn_for(n_gpu_layers, flash_attn)
+        # flash attention as edge-eagle's engines decide it (system.decide_flash_attn): another
+        # setting shifts logits enough to flip near-ties (llama-cpp-python's Llama takes on or off;
+        # llama.cpp's own AUTO, with layers on a GPU, enables it there). logits_all=True: with a draft model,
         # llama-cpp-python sizes its logits buffer by n_batch unless logits_all is passed, and
         # overflows once the sequence passes n_batch.
         with llama_cpp_python_repack(n_gpu_layers, repack):  # llama.cpp's AMX kernels crash (edge_eagle/system.py)
             self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             draft_model=self.draft, logits_all=True, flash_attn=True, verbose=False,
+                             draft_model=self.draft, logits_all=True, flash_attn=fa.setting != "off", verbose=False,
                              n_gpu_layers=n_gpu_layers)
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
@@ -193,9 +195,12 @@ class UpstreamRunner(Runner):
 
     def __init__(self, binary: Path, target: str, drafter: str, k: int, n_ctx: int, n_threads: int | None,
                  spec_type: str = "draft-eagle3", name: str | None = None, prompt_echo=None,
-                 n_gpu_layers: int = 0, repack: str | None = None):
+                 n_gpu_layers: int = 0, repack: str | None = None, flash_attn: str | None = None):
         self.binary, self.target, self.drafter, self.k = binary, target, drafter, k
         self.repack = repack
+        # the attention kernel edge-eagle's engines use (system.decide_flash_attn), so that every
+        # runner is the same llama.cpp computing the same attention
+        self.flash_attn = {"on": "on", "off": "off"}.get(flash_attn_for(n_gpu_layers, flash_attn).setting, "auto")
         self.n_gpu_layers = n_gpu_layers
         self.n_ctx, self.spec_type = n_ctx, spec_type
         self.threads = n_threads or min(8, os.cpu_count() or 1)
@@ -215,7 +220,7 @@ class UpstreamRunner(Runner):
         return [str(self.binary), "-m", self.target, *self.spec_args(), "-f", prompt_file, "-n", str(n),
                 "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4", "--no-escape"] + (
+                "--seed", "0", "-lv", "4", "--no-escape", "-fa", self.flash_attn] + (
                 [] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
                 ["-ngl", str(self.n_gpu_layers), "-ngld", str(self.n_gpu_layers)] if self.n_gpu_layers else [])
 
@@ -268,10 +273,11 @@ class NgramRunner(UpstreamRunner):
     with edge-eagle's plain decoding: the same llama.cpp, the same threads."""
 
     def __init__(self, binary: Path, target: str, spec_type: str, label: str, flags: Sequence[str], n_ctx: int,
-                 n_threads: int | None, prompt_echo=None, n_gpu_layers: int = 0, repack: str | None = None):
+                 n_threads: int | None, prompt_echo=None, n_gpu_layers: int = 0, repack: str | None = None,
+                 flash_attn: str | None = None):
         super().__init__(binary, target, "", 0, n_ctx, n_threads, spec_type=spec_type,
                          name=f"llama.cpp {spec_type} [{label}]", prompt_echo=prompt_echo, n_gpu_layers=n_gpu_layers,
-                         repack=repack)
+                         repack=repack, flash_attn=flash_attn)
         self.kind, self.drafter, self.flags = "ngram", None, list(flags)
 
     def spec_args(self) -> list[str]:

@@ -64,13 +64,14 @@ class Bench:
             for spec_type, name, flags in NGRAM_RUNNERS:
                 self.runners.append(NgramRunner(binary, self.target_path, spec_type, name, flags, self.opts.n_ctx,
                                                 self.opts.threads, prompt_echo=self._echo,
-                                                n_gpu_layers=self.opts.n_gpu_layers, repack=self.opts.repack))
+                                                n_gpu_layers=self.opts.n_gpu_layers, repack=self.opts.repack,
+                                                flash_attn=self.opts.flash_attn))
         if self.opts.prompt_lookup_k:
             target = self.engines[0].target
             eos = {t for t in range(target.n_vocab) if target.is_eog(t)} if target.n_vocab < 300_000 else {target.eos}
             self.runners.append(PromptLookupRunner(self.target_path, self.opts.prompt_lookup_k, self.opts.n_ctx,
                                                    self.opts.threads, eos, n_gpu_layers=self.opts.n_gpu_layers,
-                                                   repack=self.opts.repack))
+                                                   repack=self.opts.repack, flash_attn=self.opts.flash_attn))
         if self.opts.draft_model:
             self._draft_model_runner(binary)
 
@@ -83,11 +84,11 @@ class Bench:
         k_max = max([8] + list(o.ks))
         if not self.drafter_paths:  # plain decoding and the non-EAGLE runners only
             self.engines.append(EdgeEagle(self.target_path, None, n_ctx=o.n_ctx, n_threads=o.threads,
-                                          n_gpu_layers=o.n_gpu_layers, repack=o.repack))
+                                          n_gpu_layers=o.n_gpu_layers, repack=o.repack, flash_attn=o.flash_attn))
             self.runners.append(EngineRunner(self.engines[0], None))
         for i, dpath in enumerate(self.drafter_paths):
             eng = EdgeEagle(self.target_path, dpath, n_ctx=o.n_ctx, n_threads=o.threads, k_max=k_max,
-                            n_gpu_layers=o.n_gpu_layers, repack=o.repack)
+                            n_gpu_layers=o.n_gpu_layers, repack=o.repack, flash_attn=o.flash_attn)
             self.engines.append(eng)
             if i == 0:
                 self.runners.append(EngineRunner(eng, None))
@@ -110,7 +111,8 @@ class Bench:
                 name = f"llama.cpp draft-eagle3 k={k}" + (f" [{label(dpath)}]" if many else "")
                 self.runners.append(UpstreamRunner(binary, self.target_path, dpath, k, self.opts.n_ctx,
                                                    self.opts.threads, name=name, prompt_echo=self._echo,
-                                                   n_gpu_layers=self.opts.n_gpu_layers, repack=self.opts.repack))
+                                                   n_gpu_layers=self.opts.n_gpu_layers, repack=self.opts.repack,
+                                                flash_attn=self.opts.flash_attn))
 
     def _draft_model_runner(self, binary: Path | None) -> None:
         o = self.opts
@@ -122,7 +124,7 @@ class Bench:
             self.runners.append(UpstreamRunner(binary, self.target_path, o.draft_model, o.draft_model_k, o.n_ctx,
                                                o.threads, spec_type="draft-simple",
                                                name=f"draft-model k={o.draft_model_k}", prompt_echo=self._echo,
-                                               n_gpu_layers=o.n_gpu_layers, repack=o.repack))
+                                               n_gpu_layers=o.n_gpu_layers, repack=o.repack, flash_attn=o.flash_attn))
 
     def messages(self, p: BenchPrompt) -> list[dict[str, str]]:
         """The conversation a prompt asks for: one user turn, a recorded session, or a second turn

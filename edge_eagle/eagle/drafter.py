@@ -63,7 +63,8 @@ class EagleDrafter(Drafter):
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
                                n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
                                n_threads_batch=threads, no_perf=True, ctx_other=target.ctx,
-                               n_seq_max=1 + self.tree_branch_max, kv_unified=self.supports_trees)
+                               n_seq_max=1 + self.tree_branch_max, kv_unified=self.supports_trees,
+                               flash_attn_type=target.flash_attn.llama_type)
         B.llama_set_embeddings_nextn(self.ctx, True, True)
         self.memory = Memory(self.ctx)
         self.draft_ids = draft_ids(self.gguf, self.n_vocab)  # where its logits can be finite
