@@ -101,21 +101,23 @@ class FlashAttnDecision:
 def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDecision:
     """Whether a context computes attention with llama.cpp's flash-attention kernel (pure: unit-tested).
 
-    auto: off where the KV cache, and so attention, is on the CPU. There llama.cpp's CPU kernel
-    (vendored 0.3.36) walks every cached cell once per query row and head, and costs more the
-    longer the context: on a 2-core AMD EPYC with SmolLM2-135M, decoding one token after 2,048
-    tokens took 26.0 ms with it and 20.7 ms without, a batch of 9 after 1,024 tokens 113 ms and
-    64 ms; up to 256 tokens of context the two were within noise (docs/measurements.md, 2026-12-07).
-    With layers offloaded to a GPU, llama.cpp's own AUTO decides."""
+    auto: llama.cpp's own AUTO (on wherever the device supports it, the CPU included). On the CPU,
+    off is faster once the context passes about 150 tokens: llama.cpp's CPU kernel (vendored
+    0.3.36) walks every cached cell once per query row and head. On a 2-core AMD EPYC with
+    SmolLM2-135M, one token after 2,048 tokens took 26.0 ms with it and 20.7 ms without, a batch
+    of 9 after 1,024 tokens 113 ms and 64 ms; below about 100 tokens on is up to 6% faster. Off
+    also rounds one-token decodes and batches differently on short contexts too, where on agrees
+    bit for bit up to about 256 tokens, so greedy speculation parts from plain decoding at
+    near-ties more often (docs/measurements.md, 2026-12-07). So auto keeps llama.cpp's choice and
+    `off` is the long-context setting."""
     mode = (mode or "auto").strip().lower()
     if mode not in FLASH_ATTN_MODES:
         raise EdgeEagleError(f"Unknown flash attention mode '{mode}'; use auto, on or off.")
     if mode != "auto":
-        return FlashAttnDecision(mode, mode, f"forced {mode}")
-    if attention_on_cpu:
-        return FlashAttnDecision("off", mode, "off: attention runs on the CPU, where llama.cpp's flash-attention "
-                                 "kernel is slower at long contexts")
-    return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto: layers are offloaded to a GPU")
+        return FlashAttnDecision(mode, mode, f"forced {mode}" + (
+            " (faster on the CPU past about 150 tokens of context)" if mode == "off" and attention_on_cpu else ""))
+    hint = "; --flash-attn off is faster on the CPU past about 150 tokens of context" if attention_on_cpu else ""
+    return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto (on where the device supports it)" + hint)
 
 
 def flash_attn_for(n_gpu_layers: int, requested: str | None = None) -> FlashAttnDecision:

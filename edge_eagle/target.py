@@ -97,7 +97,7 @@ class Target:
         self._epoch = 0  # counts decodes: a DecodeResult's feature views hold until the next one
         threads = n_threads or n_threads_default()
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers
-        #: flash attention for this context and the drafter's (system.decide_flash_attn: off on the CPU)
+        #: flash attention for this context and the drafter's (system.decide_flash_attn)
         self.flash_attn = flash_attn_for(n_gpu_layers, flash_attn)
 
         loaded = load_model(self.path, n_gpu_layers, self.n_layer, repack)
