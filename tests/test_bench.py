@@ -207,6 +207,37 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
         bench.close()
 
 
+def test_the_noise_estimate_decodes_the_longest_context_the_runs_reached(tiny_target, tiny_drafters, monkeypatch):
+    """The batch-shape noise is measured over plain decoding's whole answer after the prompt whose
+    prompt and answer are longest together (rounding changes with the context length: one-token and
+    batched decodes can agree early in an answer and part later)."""
+    from edge_eagle.bench import divergence
+    from edge_eagle.bench.prompts import BenchPrompt
+
+    seen = []
+    real = divergence.numeric_noise
+
+    def spy(target, prompt, continuation):
+        seen.append((list(prompt), list(continuation)))
+        return real(target, prompt, continuation)
+
+    monkeypatch.setattr(divergence, "numeric_noise", spy)
+    bench = Bench(BenchOptions(target=str(tiny_target), drafters=[str(tiny_drafters["eagle3"][0])], ks=[],
+                               auto=False, upstream=False, prompt_lookup_k=None, n_ctx=512, max_tokens=40))
+    try:
+        ps = [BenchPrompt("long", "x", "Tell me about the sea, the waves, the wind and the ships."),
+              BenchPrompt("short", "x", "Hi.")]
+        ids = [bench.prompt_tokens(p)[0] for p in ps]
+        plain = [bench.runners[0].run(ids[0], "", 8), bench.runners[0].run(ids[1], "", 40)]
+        assert len(ids[1]) + len(plain[1].tokens) > len(ids[0]) + len(plain[0].tokens)
+        noise, _ = divergences(bench, ps, ids, {"plain": plain})
+        assert seen == [(ids[1], list(plain[1].tokens))]
+        assert noise >= 0.0
+        assert divergence.NOISE_CHUNKS[-1] >= 9  # a verify batch of a chain of 8
+    finally:
+        bench.close()
+
+
 def test_the_multi_turn_and_agent_sets_load():
     from edge_eagle.bench.prompts import load_prompts
 
