@@ -177,6 +177,8 @@ def test_markdown_lists_every_runner():
     md = markdown(report)
     assert "| plain |" in md and "| edge-eagle k=3 |" in md and "0.50 0.20 0.10 0.00 0.00 …" in md
     assert "Not run: llama.cpp (not built)" in md
+    report["machine"]["flash_attn"] = "forced off"
+    assert "flash attention forced off" in markdown(report)  # every runner's attention, in the report's header
 
 
 def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_drafters):

@@ -22,6 +22,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Target `{report['target']}`, {p['count']} prompts ({p['set']}; {len(p['categories'])} categories), "
         f"greedy, up to {s['max_tokens']} tokens each.",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['memory_gib']} GiB, {m['backend']}"
+        + (f"; flash attention {m['flash_attn']}" if m.get("flash_attn") else "")
         + (f"; other programs' load during the runs: {m['other_load_during_run']} cores"
            if m.get("other_load_during_run") is not None else "") + ".",
         "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
