@@ -97,6 +97,11 @@ class FlashAttnDecision:
         """The llama_context_params.flash_attn_type value."""
         return FLASH_ATTN_TYPES[self.setting]
 
+    @property
+    def flag(self) -> str:
+        """The value of llama.cpp's tools' `-fa` for the same setting."""
+        return "auto" if self.setting == "llama.cpp" else self.setting
+
 
 def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDecision:
     """Whether a context computes attention with llama.cpp's flash-attention kernel (pure: unit-tested).

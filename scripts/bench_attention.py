@@ -26,14 +26,9 @@ from edge_eagle.bench.options import BenchOptions  # noqa: E402
 from edge_eagle.bench.prompts import load_prompts  # noqa: E402
 from edge_eagle.bench.runners import EngineRunner  # noqa: E402
 from edge_eagle.bench.suite import Bench  # noqa: E402
+from edge_eagle.bench.summary import spread  # noqa: E402
 from edge_eagle.fsutil import emit_report  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
-
-
-def spread(r: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
-    return {"median": round(statistics.median(r), 3), "q1": round(q[0], 3), "q3": round(q[2], 3),
-            "min": round(min(r), 3), "max": round(max(r), 3)}
 
 
 def main() -> int:
@@ -80,7 +75,7 @@ def main() -> int:
         for b in benches.values():
             b.close()
 
-    def ratio(a: tuple[str, str], b: tuple[str, str]) -> dict[str, float]:
+    def ratio(a: tuple[str, str], b: tuple[str, str]) -> dict[str, float | None]:
         return spread([x / y for x, y in zip(speed[a], speed[b])])
 
     out = {"cpu": cpu_name(), "command": "python scripts/bench_attention.py " + " ".join(sys.argv[1:]),

@@ -35,6 +35,8 @@ def numeric_noise(target, prompt: list[int], continuation: list[int]) -> float:
     change with the batch and the context length: with flash attention on, one-token and batched
     decodes agree bit for bit only under about 256 tokens of context). A divergence from plain
     decoding where the top-2 gap is within this is rounding, not a fault of the speculative loop."""
+    if not continuation:
+        return 0.0
     runs = []
     for bs in (1, *NOISE_CHUNKS):
         target.memory.clear()
@@ -44,10 +46,9 @@ def numeric_noise(target, prompt: list[int], continuation: list[int]) -> float:
         for i in range(0, len(continuation), bs):
             chunk = continuation[i:i + bs]
             rows.append(np.asarray(target.decode(chunk, len(prompt) + i, "all").logits, dtype=np.float64))
-        runs.append(np.concatenate(rows) if rows else np.zeros((0, 1)))
+        runs.append(np.concatenate(rows))
     target.memory.clear()
-    n = len(runs[0])
-    return max((float(np.abs(runs[0][:n] - r[:n]).max()) for r in runs[1:]), default=0.0) if n else 0.0
+    return max(float(np.abs(runs[0] - r).max()) for r in runs[1:])
 
 
 def top2_gap(target, tokens: list[int]) -> float:

@@ -200,7 +200,7 @@ class UpstreamRunner(Runner):
         self.repack = repack
         # the attention kernel edge-eagle's engines use (system.decide_flash_attn), so that every
         # runner is the same llama.cpp computing the same attention
-        self.flash_attn = {"on": "on", "off": "off"}.get(flash_attn_for(n_gpu_layers, flash_attn).setting, "auto")
+        self.flash_attn = flash_attn_for(n_gpu_layers, flash_attn).flag
         self.n_gpu_layers = n_gpu_layers
         self.n_ctx, self.spec_type = n_ctx, spec_type
         self.threads = n_threads or min(8, os.cpu_count() or 1)

@@ -19,7 +19,8 @@ from .runners import Runner, RunResult
 from .suite import Bench
 
 
-def _summary(values: Sequence[float]) -> dict[str, float | None]:
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, min-max and quartiles of per-prompt values (None for none)."""
     if not values:
         return {"median": None, "min": None, "max": None, "q1": None, "q3": None}
     v = sorted(values)
@@ -51,7 +52,7 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
         entry: dict[str, Any] = {"name": r.name, "kind": r.kind, "k": r.k,
                                  "drafter": label(r.drafter) if r.drafter else None,
                                  "tokens_per_second": round(gen / secs, 3) if secs else 0.0}
-        s = _summary(ratios)
+        s = spread(ratios)
         entry["speedup"] = s["median"]
         entry.update({f"speedup_{k}": v for k, v in s.items() if k != "median"})
         spec = [x.stats for x in rs if x.stats is not None]
