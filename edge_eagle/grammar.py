@@ -81,14 +81,27 @@ def int_range_rule(lo: int | None, hi: int | None) -> str:
     return " | ".join(f"({p})" for p in parts)
 
 
+# A character inside a JSON string, as llama.cpp's json-schema-to-grammar writes it: no raw
+# control character (U+0000-U+001F) and no DEL, which JSON forbids unescaped. llama-cpp-python's
+# port allows them ([^"\\]), so a sampled string could hold a raw newline or tab that strict
+# JSON parsers (Python's json, JavaScript's JSON.parse) reject.
+JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 def _converter():
     """llama-cpp-python's SchemaConverter, with integer bounds (minimum, maximum and the
-    exclusive ones), which its port of llama.cpp's converter leaves out."""
+    exclusive ones), which its port of llama.cpp's converter leaves out, and llama.cpp's
+    string characters (JSON_CHAR)."""
     import math
 
-    from llama_cpp.llama_grammar import SchemaConverter
+    from llama_cpp.llama_grammar import BuiltinRule, SchemaConverter
 
     class Converter(SchemaConverter):
+        def _add_primitive(self, name, rule):
+            if name == "char":
+                rule = BuiltinRule(JSON_CHAR, [])
+            return super()._add_primitive(name, rule)
+
         def visit(self, schema, name):
             bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
             if isinstance(schema, dict) and schema.get("type") == "integer" and any(b in schema for b in bounds):

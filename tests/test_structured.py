@@ -125,6 +125,26 @@ def test_integer_bounds_become_exact_grammar_ranges(lo, hi):
         json_schema_grammar({"type": "integer", "minimum": 5, "maximum": 4})
 
 
+@pytest.mark.parametrize("schema,prefix", [({"type": "string"}, '"'), ({"type": "string", "maxLength": 8}, '"ab'),
+                                           ({"type": "object"}, '{"'), (SCHEMA, '{"color": "red", "ok": true, "name": "')])
+def test_json_strings_hold_no_raw_control_character(engine, schema, prefix):
+    """JSON forbids unescaped control characters inside strings (strict parsers reject them), so
+    inside a string the grammar allows a newline, tab or carriage return only escaped."""
+    target = engine.target
+    grammar = Grammar(target, json_schema_grammar(schema))
+    try:
+        path = target.tokenize(prefix, add_special=False)
+        for raw in ("\n", "\t", "\r", "\x01", "\x7f"):
+            ids = target.tokenize(raw, add_special=False)
+            assert len(ids) == 1 and not grammar.allows(ids[0], path), repr(raw)
+        for text in ("a", "\\", "\\n"):  # a letter; a backslash, then an escaped newline
+            for t in target.tokenize(text, add_special=False):
+                assert grammar.allows(t, path), text
+                path = path + [t]
+    finally:
+        grammar.close()
+
+
 def test_a_draft_the_grammar_forbids_is_never_accepted(engine):
     target = engine.target
     grammar = Grammar(target, 'root ::= "yes" | "no"')
