@@ -125,8 +125,9 @@ def test_integer_bounds_become_exact_grammar_ranges(lo, hi):
         json_schema_grammar({"type": "integer", "minimum": 5, "maximum": 4})
 
 
-@pytest.mark.parametrize("schema,prefix", [({"type": "string"}, '"'), ({"type": "string", "maxLength": 8}, '"ab'),
-                                           ({"type": "object"}, '{"'), (SCHEMA, '{"color": "red", "ok": true, "name": "')])
+@pytest.mark.parametrize("schema,prefix", [
+    ({"type": "string"}, '"'), ({"type": "string", "maxLength": 8}, '"ab'), ({"type": "object"}, '{"'),
+    (SCHEMA, '{"color": "red", "ok": true, "name": "')])
 def test_json_strings_hold_no_raw_control_character(engine, schema, prefix):
     """JSON forbids unescaped control characters inside strings (strict parsers reject them), so
     inside a string the grammar allows a newline, tab or carriage return only escaped."""
