@@ -205,6 +205,14 @@ def test_divergence_is_located_and_its_logit_gap_measured(tiny_target, tiny_draf
         target.set_capture(())
         logits = np.sort(np.asarray(target.prefill(ids + plain.tokens[:5]).logits[-1], dtype=np.float64))
         assert div["a"][0]["top2_gap"] == pytest.approx(logits[-1] - logits[-2], abs=1e-3)
+        # plain decoding ended after 6 tokens and a runner went on: the divergence is at the end
+        ended = RunResult(text=target.detokenize(plain.tokens[:6]), tokens=list(plain.tokens[:6]), generated=6,
+                          seconds=1.0)
+        _, div = divergences(bench, [p], [ids], {"plain": [ended], "c": [plain]})
+        assert div["c"][0]["token"] == 6
+        target.memory.clear()
+        logits = np.sort(np.asarray(target.prefill(ids + plain.tokens[:6]).logits[-1], dtype=np.float64))
+        assert div["c"][0]["top2_gap"] == pytest.approx(logits[-1] - logits[-2], abs=1e-3)
     finally:
         bench.close()
 

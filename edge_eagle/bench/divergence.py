@@ -89,8 +89,8 @@ def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[
                         break
                     length += piece
                     j += 1
-            if j >= len(ref):
-                continue
+            # j == len(ref): plain decoding ended its answer there and this runner went on, a
+            # divergence at the end-of-generation token's row like any other
             out.setdefault(name, []).append({"prompt": prompts[i].id, "token": j,
                                              "top2_gap": round(top2_gap(target, prompt_ids[i] + ref[:j]), 4)})
     target.memory.clear()
