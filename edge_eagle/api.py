@@ -301,8 +301,8 @@ class EdgeEagle(LlamaCompat, EngineCosts):
     repack: llama.cpp CPU weight repacking, "auto" (off only where its AMX kernels would
         run, which crash), "on" or "off"; None reads $EDGE_EAGLE_REPACK (default auto).
     flash_attn: llama.cpp's flash attention for the target and drafter, "auto" (None: llama.cpp's
-        own choice, on), "on" or "off" (faster on a CPU past about 150 tokens of context;
-        system.decide_flash_attn).
+        own choice, on), "on" or "off" (faster on a CPU on long contexts, from about 150 to a
+        few hundred tokens on; system.decide_flash_attn).
     tree: draft a tree of this many nodes each cycle instead of a chain (EAGLE drafters);
         k="auto" may choose trees by itself. tree_paths: the most root-to-leaf paths a
         verified tree may have (llama.cpp sequences; 0: no trees).

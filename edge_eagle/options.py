@@ -63,7 +63,8 @@ class EngineOptions:
         "they crash; also $EDGE_EAGLE_REPACK)", choices=list(REPACK_MODES)))
     flash_attn: str = field(default="auto", metadata=flag(
         "--flash-attn", "llama.cpp's flash attention (default auto: llama.cpp's choice, on; off is faster on a "
-        "CPU past about 150 tokens of context, 1.36x plain decoding after 1,900)", choices=list(FLASH_ATTN_MODES)))
+        "CPU on long contexts: auto 1.38-1.49x after 1,900 tokens, but 6-10 percent slower under 100)",
+        choices=list(FLASH_ATTN_MODES)))
     k: int | str = field(default="auto", metadata=flag(
         "--k", "draft length, or 'auto' (the default: picked per cycle, never slower than plain)", k_arg))
     tree: int | None = field(default=None, metadata=flag(

@@ -107,10 +107,13 @@ def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDeci
     """Whether a context computes attention with llama.cpp's flash-attention kernel (pure: unit-tested).
 
     auto: llama.cpp's own AUTO (on wherever the device supports it, the CPU included). On the CPU,
-    off is faster once the context passes about 150 tokens: llama.cpp's CPU kernel (vendored
-    0.3.36) walks every cached cell once per query row and head. On a 2-core AMD EPYC with
-    SmolLM2-135M, one token after 2,048 tokens took 26.0 ms with it and 20.7 ms without, a batch
-    of 9 after 1,024 tokens 113 ms and 64 ms; below about 100 tokens on is up to 6% faster. Off
+    off is faster on long contexts: llama.cpp's CPU kernel (vendored 0.3.36) walks every cached
+    cell once per query row and head. On a 2-core AMD EPYC (AVX2) with SmolLM2-135M, one token
+    after 2,048 tokens took 26.0 ms with it and 20.7 ms without, a batch of 9 after 1,024 tokens
+    113 ms and 64 ms; below about 100 tokens on is up to 6% faster. On an AVX-512 EPYC, plain
+    decoding gains less (1.06x after 1,900 tokens) and loses 10% on 65-token prompts, while
+    `auto` gains 1.38x after 1,900 tokens and breaks even at about 220: the point where off pays
+    depends on the CPU and on how much is drafted, from about 150 to a few hundred tokens. Off
     also rounds one-token decodes and batches differently on short contexts too, where on agrees
     bit for bit up to about 256 tokens, so greedy speculation parts from plain decoding at
     near-ties more often (docs/measurements.md, 2026-12-07). So auto keeps llama.cpp's choice and
@@ -120,8 +123,8 @@ def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDeci
         raise EdgeEagleError(f"Unknown flash attention mode '{mode}'; use auto, on or off.")
     if mode != "auto":
         return FlashAttnDecision(mode, mode, f"forced {mode}" + (
-            " (faster on the CPU past about 150 tokens of context)" if mode == "off" and attention_on_cpu else ""))
-    hint = "; --flash-attn off is faster on the CPU past about 150 tokens of context" if attention_on_cpu else ""
+            " (faster on the CPU on long contexts)" if mode == "off" and attention_on_cpu else ""))
+    hint = "; --flash-attn off is faster on the CPU on long contexts" if attention_on_cpu else ""
     return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto (on where the device supports it)" + hint)
 
 
