@@ -25,7 +25,7 @@ import numpy as np
 from . import defaults
 from .compat import LlamaCompat
 from .controller import KController
-from .costs import CostModel
+from .costs import BatchCosts, CostModel
 from .drafter import NO_DRAFTER, Drafter, NgramDrafter
 from .eagle import EagleDrafter
 from .engine_costs import EngineCosts
@@ -123,6 +123,7 @@ class Generation:
             on_rows = None if self._logprobs is None else (lambda logits: rows.extend(_log_softmax(logits)))
             try:
                 k = self._k if drafter is not NO_DRAFTER else 0
+                eng._route_attention(len(self._prompt))
                 if eng.governor is not None or k == "auto":
                     eng.prepare_costs()
                 policy = eng.policy(k, self._tree if drafter is not NO_DRAFTER else None)
@@ -301,8 +302,9 @@ class EdgeEagle(LlamaCompat, EngineCosts):
     repack: llama.cpp CPU weight repacking, "auto" (off only where its AMX kernels would
         run, which crash), "on" or "off"; None reads $EDGE_EAGLE_REPACK (default auto).
     flash_attn: llama.cpp's flash attention for the target and drafter, "auto" (None: llama.cpp's
-        own choice, on), "on" or "off" (faster on a CPU on long contexts, from about 150 to a
-        few hundred tokens on; system.decide_flash_attn).
+        own choice, on; with attention on the CPU, off for a request whose prompt has 512 tokens
+        or more, until one has fewer than 256: the contexts are made again when it switches,
+        route_attention()), "on" or "off" (system.decide_flash_attn).
     tree: draft a tree of this many nodes each cycle instead of a chain (EAGLE drafters);
         k="auto" may choose trees by itself. tree_paths: the most root-to-leaf paths a
         verified tree may have (llama.cpp sequences; 0: no trees).
@@ -347,6 +349,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
             raise
         self.stats = SpecStats()
         self.last_stats: SpecStats | None = None
+        self.attention_switches = 0  # contexts made again for another flash attention setting (route_attention)
         self._lock = threading.Lock()
         self._owner: int | None = None
         # the thread policy (threads.py): the count for this machine's load now, adapted while generating
@@ -359,6 +362,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
         self.costs: CostModel | None = None  # measured batch costs (calibrate()), shared with the controller
         self.calibration: dict[str, object] = {"source": None}
         self._costs_stale = False
+        self._costs_by_attention: dict[str, tuple[BatchCosts, int]] = {}
         #: the opt-in store of finished requests (None: learning is off, nothing is stored)
         self.learn_store: LearnStore | None = None
         self._learn_warned = False

@@ -33,7 +33,11 @@ class FeatureCapture:
         self.callback: Any = B.eval_callback_type(self._eval_callback) if path == "callback" else None
 
     def attach(self, ctx: Any) -> None:
+        """Capture from `ctx` (a context made again keeps capturing the same layers)."""
         self.ctx = ctx
+        if self.path == "layer_inp":
+            for lid in self.layers:
+                B.llama_set_embeddings_layer_inp(ctx, lid, True)
 
     def set(self, layer_ids: Sequence[int]) -> None:
         """Capture the inputs of these layers on every later decode (empty: capture nothing)."""

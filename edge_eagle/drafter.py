@@ -34,6 +34,11 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Forget all state: a new request starts."""
 
+    def rebind(self, target: "Target") -> None:
+        """The target made its llama.cpp context again (Target.set_flash_attn): a drafter whose
+        own context is bound to it makes its own again. Others only start afresh."""
+        self.reset()
+
     def keep(self, tokens: Sequence[int], n_rows: int) -> int:
         """A new request starts whose sequence begins with `tokens`: keep what was computed for
         the first n_rows positions if it was computed for these very tokens, forget the rest.

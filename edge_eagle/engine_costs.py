@@ -1,6 +1,7 @@
 """The engine's batch costs (mixed into api.EdgeEagle): c(n) measured at two contexts or taken
 from the calibration cache, re-checked in the background, and measured again when the thread
-count, the machine's speed or the controller's trust says they are stale."""
+count, the machine's speed or the controller's trust says they are stale; and flash attention
+routed by the prompt's length, with the costs of each setting kept."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from .threads import LoadMeter, decide
 
 
 class EngineCosts:
-    """Needs target, threads, governor, controller, costs, calibration, _costs_stale,
-    cost_n_max and _acquire() from the engine."""
+    """Needs target, drafter, attention_switches, threads, governor, controller, costs,
+    calibration, _costs_stale, _costs_by_attention, cost_n_max and _acquire() from the engine."""
 
     target: Any
+    drafter: Any
+    attention_switches: int
     threads: Any
     governor: Any
     controller: Any
     costs: CostModel | None
     calibration: dict[str, object]
     _costs_stale: bool
+    _costs_by_attention: dict[str, tuple[BatchCosts, int]]  # flash attention setting -> (costs, threads)
 
     def _acquire(self) -> Any:
         raise NotImplementedError
@@ -66,6 +70,8 @@ class EngineCosts:
         return costs, load is not None and decide(self.threads.cores, load).reason == "idle"
 
     def _use_costs(self, costs: BatchCosts, source: str, threads: int) -> None:
+        # kept per attention setting: a routed engine (system.FlashAttnDecision.for_prompt) goes back to them
+        self._costs_by_attention[self.target.flash_attn.setting] = (costs, threads)
         if self.costs is None:
             self.costs = CostModel.from_measured(costs)
         else:
@@ -98,6 +104,41 @@ class EngineCosts:
             if idle:
                 calibration.store(calibration.key(self.target, threads, self.cost_n_max), fresh)
             return True
+
+    # --- flash attention, routed by the prompt's length on the CPU --------------------------------
+
+    def route_attention(self, n_prompt: int) -> str:
+        """Compute attention as the engine would for a request whose prompt has n_prompt tokens
+        (system.FlashAttnDecision.for_prompt); the setting in use. Waits for the request in progress."""
+        with self._acquire():
+            self._route_attention(n_prompt)
+            return self.target.flash_attn.setting
+
+    def _route_attention(self, n_prompt: int) -> None:
+        """With flash attention routed (auto on the CPU), switch it for this request's prompt: the
+        target's and drafter's contexts are made again (their caches start empty) and the batch
+        costs of the new setting come into use (EngineCosts.attention_changed)."""
+        decision = self.target.flash_attn.for_prompt(n_prompt)
+        if decision is self.target.flash_attn or not self.target.set_flash_attn(decision):
+            return
+        self.attention_switches += 1
+        if self.drafter is not None:
+            self.drafter.rebind(self.target)
+        self.attention_changed()
+
+    def attention_changed(self) -> None:
+        """The target computes attention another way now (a routed flash-attention switch): the
+        costs measured for that setting at this thread count if there are any, else measured
+        (or taken from the calibration cache) before the next generation that needs them."""
+        kept = self._costs_by_attention.get(self.target.flash_attn.setting)
+        if self.costs is None:
+            return
+        if kept is not None and kept[1] == self.target.n_threads:
+            self._use_costs(kept[0], "kept", kept[1])
+            if self.controller is not None:
+                self.controller.recalibrated()
+        else:
+            self._costs_stale = True
 
     def prepare_costs(self) -> None:
         """Before a generation that needs them: batch costs measured or cached, and measured

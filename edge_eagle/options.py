@@ -62,8 +62,8 @@ class EngineOptions:
         "--repack", "llama.cpp CPU weight repacking (default auto: off only where its AMX kernels would run, since "
         "they crash; also $EDGE_EAGLE_REPACK)", choices=list(REPACK_MODES)))
     flash_attn: str = field(default="auto", metadata=flag(
-        "--flash-attn", "llama.cpp's flash attention (default auto: llama.cpp's choice, on; off is faster on a "
-        "CPU on long contexts: auto 1.38-1.49x after 1,900 tokens, but 6-10 percent slower under 100)",
+        "--flash-attn", "llama.cpp's flash attention (default auto: on, and on a CPU off for prompts from 512 "
+        "tokens until one under 256, where off is faster; on or off fixes it)",
         choices=list(FLASH_ATTN_MODES)))
     k: int | str = field(default="auto", metadata=flag(
         "--k", "draft length, or 'auto' (the default: picked per cycle, never slower than plain)", k_arg))

@@ -19,7 +19,7 @@ import ctypes
 import functools
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .cpu_key import cpuinfo as _cpuinfo
@@ -86,11 +86,31 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 FLASH_ATTN_TYPES = {"llama.cpp": -1, "off": 0, "on": 1}
 
 
+#: auto on the CPU: a request whose prompt has at least this many tokens runs with flash attention
+#: off (the engine makes its contexts again when the setting changes, docs/measurements.md)
+FLASH_ATTN_OFF_FROM = 512
+#: ... and one whose prompt is shorter than this with llama.cpp's choice (on) again; prompts in
+#: between keep the setting in use, so a chat that grows past FLASH_ATTN_OFF_FROM stays off
+FLASH_ATTN_ON_BELOW = 256
+
+
 @dataclass(frozen=True)
 class FlashAttnDecision:
-    setting: str  # what llama.cpp is asked for: on, off, or llama.cpp (its own AUTO)
+    setting: str  # what llama.cpp is asked for now: on, off, or llama.cpp (its own AUTO)
     mode: str  # the requested mode: auto, on or off
     reason: str
+    #: whether the setting follows each request's prompt length (auto with attention on the CPU)
+    routed: bool = False
+
+    def for_prompt(self, n_tokens: int) -> "FlashAttnDecision":
+        """The decision for a request whose prompt has n_tokens tokens (pure: unit-tested): a
+        routed decision turns off from FLASH_ATTN_OFF_FROM tokens on and back to llama.cpp's
+        choice below FLASH_ATTN_ON_BELOW; in between, and when not routed, it stays as it is."""
+        if not self.routed:
+            return self
+        setting = ("off" if n_tokens >= FLASH_ATTN_OFF_FROM else
+                   "llama.cpp" if n_tokens < FLASH_ATTN_ON_BELOW else self.setting)
+        return self if setting == self.setting else replace(self, setting=setting)
 
     @property
     def llama_type(self) -> int:
@@ -116,16 +136,22 @@ def decide_flash_attn(mode: str | None, attention_on_cpu: bool) -> FlashAttnDeci
     depends on the CPU and on how much is drafted, from about 150 to a few hundred tokens. Off
     also rounds one-token decodes and batches differently on short contexts too, where on agrees
     bit for bit up to about 256 tokens, so greedy speculation parts from plain decoding at
-    near-ties more often (docs/measurements.md, 2026-12-07). So auto keeps llama.cpp's choice and
-    `off` is the long-context setting."""
+    near-ties more often (docs/measurements.md, 2026-12-07). So auto on the CPU is routed: a
+    request with a short prompt runs with llama.cpp's choice (on), one with a long prompt
+    (FLASH_ATTN_OFF_FROM tokens) with it off; FlashAttnDecision.for_prompt decides, and the
+    engine makes its contexts again when the setting changes. With layers on a GPU, auto is
+    llama.cpp's choice."""
     mode = (mode or "auto").strip().lower()
     if mode not in FLASH_ATTN_MODES:
         raise EdgeEagleError(f"Unknown flash attention mode '{mode}'; use auto, on or off.")
     if mode != "auto":
         return FlashAttnDecision(mode, mode, f"forced {mode}" + (
             " (faster on the CPU on long contexts)" if mode == "off" and attention_on_cpu else ""))
-    hint = "; --flash-attn off is faster on the CPU on long contexts" if attention_on_cpu else ""
-    return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto (on where the device supports it)" + hint)
+    if attention_on_cpu:
+        return FlashAttnDecision("llama.cpp", mode, f"on (llama.cpp's auto), off from a prompt of "
+                                 f"{FLASH_ATTN_OFF_FROM} tokens until one under {FLASH_ATTN_ON_BELOW} "
+                                 "(faster on the CPU on long contexts)", routed=True)
+    return FlashAttnDecision("llama.cpp", mode, "llama.cpp's auto (on where the device supports it)")
 
 
 def flash_attn_for(n_gpu_layers: int, requested: str | None = None) -> FlashAttnDecision:

@@ -19,7 +19,7 @@ from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
 from .kv import Memory
 from .proposal import Proposal
-from .system import flash_attn_for
+from .system import FlashAttnDecision, flash_attn_for
 
 MAX_TREE_PATHS = 63  # llama.cpp's LLAMA_MAX_SEQ is 256; a tree verify rarely has more leaves than 16
 
@@ -111,15 +111,12 @@ class Target:
         # context has more sequences than its batch can hold rows (a model with a tiny context)
         self.tree_paths = max(0, min(int(tree_paths), MAX_TREE_PATHS, min(n_batch, self.n_ctx) - 1))
         seq_max = n_seq if n_seq > 1 else 1 + self.tree_paths
-        fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
-                                      n_threads=threads, n_threads_batch=threads, no_perf=True,
-                                      n_seq_max=seq_max, kv_unified=self.tree_paths > 0,
-                                      flash_attn_type=self.flash_attn.llama_type)
+        self._ctx_fields: dict[str, Any] = dict(n_ctx=self.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_batch,
+                                                no_perf=True, n_seq_max=seq_max, kv_unified=self.tree_paths > 0)
         if self.capture.callback is not None:
-            fields["cb_eval"] = self.capture.callback
-        self.ctx = new_context(self.model, os.path.basename(self.path), **fields)
-        self.capture.attach(self.ctx)
-        self.memory = Memory(self.ctx)
+            self._ctx_fields["cb_eval"] = self.capture.callback
+        self.ctx = None
+        self._make_context()
         self._batch = C.llama_batch_init(n_batch, 0, 1 + self.tree_paths)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
@@ -132,6 +129,30 @@ class Target:
             self._batch.seq_id[i][0] = 0
         self.eos = int(C.llama_vocab_eos(self.vocab))
         self.chat_template: str | None = self.gguf.get(K.CHAT_TEMPLATE)
+
+    def _make_context(self) -> None:
+        """(Re)make the llama.cpp context with the current threads and flash attention; its KV
+        cache starts empty (self.memory is new)."""
+        self.ctx = new_context(self.model, os.path.basename(self.path), n_threads=self.n_threads,
+                               n_threads_batch=self.n_threads, flash_attn_type=self.flash_attn.llama_type,
+                               **self._ctx_fields)
+        self.capture.attach(self.ctx)
+        self.memory = Memory(self.ctx)
+        self._epoch += 1
+
+    def set_flash_attn(self, decision: FlashAttnDecision) -> bool:
+        """Compute attention as `decision` says from now on: llama.cpp fixes the setting when it
+        makes a context (without flash attention it stores V transposed), so a new setting makes
+        the context again, with an empty KV cache. A drafter bound to this context must then be
+        bound again (Drafter.rebind). Returns whether the context was made again."""
+        if decision.setting == self.flash_attn.setting:
+            self.flash_attn = decision
+            return False
+        self.flash_attn = decision
+        old, self.ctx = self.ctx, None
+        free_context(old)
+        self._make_context()
+        return True
 
     # --- for native code that decodes this target's batch itself (the drafter's fast cycle) ---
 

@@ -139,6 +139,54 @@ def test_long_prompt_over_n_batch_is_lossless(tiny_target, tiny_drafters):
         assert_lossless(ee.target, toks, plain, spec)
 
 
+def test_flash_attention_follows_the_prompt_length_and_output_stays_lossless(tiny_target, tiny_drafters):
+    """auto on the CPU: a prompt of FLASH_ATTN_OFF_FROM tokens makes the target's and drafter's
+    contexts again without flash attention (the logits are a forced-off context's, bit for bit),
+    a short one goes back; chains (the native fast path included) and trees stay lossless on
+    the contexts made again, and the costs measured for a setting are kept for its return."""
+    from edge_eagle.system import FLASH_ATTN_OFF_FROM
+
+    long_prompt = " ".join(f"item{i}" for i in range(400))
+    short_prompt = PROMPTS[1]
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto", n_ctx=2048, tree_paths=8,
+                   n_threads=2) as ee:  # forced threads: no governor, so the costs move only with the setting
+        assert ee.target.flash_attn.routed and ee.target.flash_attn.setting == "llama.cpp"
+        toks, plain = _run(ee, short_prompt, 24, speculative=False)
+        _, spec = _run(ee, short_prompt, 24, k=3)
+        assert_lossless(ee.target, toks, plain, spec)
+        assert ee.attention_switches == 0
+        _run(ee, short_prompt, 8)  # k="auto": costs measured (or cached) for llama.cpp's setting
+        on_costs = {key: v for key, v in ee.calibration.items() if key != "source"}
+
+        long_toks = ee.target.tokenize(long_prompt)
+        assert len(long_toks) >= FLASH_ATTN_OFF_FROM
+        _, long_plain = _run(ee, long_prompt, 24, speculative=False)
+        assert ee.target.flash_attn.setting == "off" and ee.attention_switches == 1
+        ee.target.memory.clear()
+        routed = np.array(ee.target.prefill(long_toks).logits, copy=True)
+        for variant in ({"k": 3}, {"tree": 5}, {}):
+            _, spec = _run(ee, long_prompt, 24, **variant)
+            assert ee.last_stats.drafted > 0, variant
+            assert_lossless(ee.target, long_toks, long_plain, spec)
+        assert ee.attention_switches == 1  # the same setting for every request of this length
+
+        assert ee.route_attention(len(toks)) == "llama.cpp" and ee.attention_switches == 2
+        assert ee.calibration["source"] == "kept"  # llama.cpp's setting's costs, not measured again
+        assert {key: v for key, v in ee.calibration.items() if key != "source"} == on_costs
+        _, again = _run(ee, short_prompt, 24, k=3)
+        assert ee.attention_switches == 2
+        assert_lossless(ee.target, toks, plain, again)
+
+    off = Target(tiny_target, n_ctx=2048, flash_attn="off")
+    on = Target(tiny_target, n_ctx=2048, flash_attn="on")
+    try:
+        np.testing.assert_array_equal(routed, off.prefill(long_toks).logits)
+        assert not np.array_equal(routed, on.prefill(long_toks).logits)
+    finally:
+        off.close()
+        on.close()
+
+
 @pytest.mark.smollm
 def test_smollm_is_lossless(smollm, tmp_path):
     from tests.tiny_models import make_drafter

@@ -179,6 +179,26 @@ def test_flash_attention_decision(mode, on_cpu, setting):
     assert d.llama_type == {"off": 0, "on": 1, "llama.cpp": -1}[setting]
 
 
+def test_auto_flash_attention_on_the_cpu_follows_the_prompt_length():
+    """Routed (auto, attention on the CPU): off from FLASH_ATTN_OFF_FROM prompt tokens, back to
+    llama.cpp's choice under FLASH_ATTN_ON_BELOW, and in between the setting in use stays."""
+    lo, hi = system.FLASH_ATTN_ON_BELOW, system.FLASH_ATTN_OFF_FROM
+    d = system.decide_flash_attn("auto", True)
+    assert d.routed and d.setting == "llama.cpp"
+    assert d.for_prompt(hi - 1) is d
+    off = d.for_prompt(hi)
+    assert off.setting == "off" and off.llama_type == 0 and off.routed and off.mode == "auto"
+    assert off.for_prompt(lo) is off  # a chat that grew past hi stays off
+    assert off.for_prompt(hi * 4).setting == "off"
+    back = off.for_prompt(lo - 1)
+    assert back.setting == "llama.cpp" and back.llama_type == -1
+    assert back.for_prompt(lo) is back  # and one that shrank under lo stays on until hi
+    for fixed in (system.decide_flash_attn("auto", False), system.decide_flash_attn("on", True),
+                  system.decide_flash_attn("off", True)):
+        assert not fixed.routed
+        assert fixed.for_prompt(0) is fixed and fixed.for_prompt(10 * hi) is fixed
+
+
 def test_an_unknown_flash_attention_mode_says_what_to_use():
     with pytest.raises(EdgeEagleError, match="use auto, on or off"):
         system.decide_flash_attn("sometimes", True)

@@ -67,11 +67,13 @@ def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[
     between the target's top two logits there on plain decoding's own prefix. Greedy
     speculation is exact up to floating point: llama.cpp's kernels round differently for
     different batch shapes, which can flip a near-tie; a divergence at a clear winner is a bug."""
-    target = bench.engines[0].target
+    engine = bench.engines[0]
+    target = engine.target
     plain = results["plain"]
     out: dict[str, list[dict[str, Any]]] = {}
     # the longest prompt and plain decoding's whole answer to it: the longest context the runs reached
     longest = max(range(len(prompts)), key=lambda i: len(prompt_ids[i]) + len(plain[i].tokens or []))
+    engine.route_attention(len(prompt_ids[longest]))  # attention computed as for that prompt's runs
     noise = round(numeric_noise(target, prompt_ids[longest], list(plain[longest].tokens or [])), 4)
     for name, rs in results.items():
         for i, (x, p) in enumerate(zip(rs, plain)):
@@ -91,6 +93,7 @@ def divergences(bench: Bench, prompts: list[BenchPrompt], prompt_ids: list[list[
                     j += 1
             # j == len(ref): plain decoding ended its answer there and this runner went on, a
             # divergence at the end-of-generation token's row like any other
+            engine.route_attention(len(prompt_ids[i]))
             out.setdefault(name, []).append({"prompt": prompts[i].id, "token": j,
                                              "top2_gap": round(top2_gap(target, prompt_ids[i] + ref[:j]), 4)})
     target.memory.clear()

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from llama_cpp.llama_speculative import LlamaDraftModel
 
@@ -123,24 +123,35 @@ class PromptLookupRunner(Runner):
 
     def __init__(self, target: str, k: int, n_ctx: int, n_threads: int | None, eos: set[int],
                  n_gpu_layers: int = 0, repack: str | None = None, flash_attn: str | None = None):
-        from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.k, self.name, self.eos = k, f"prompt-lookup k={k}", eos
         self.draft = _RecordingDraft(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
-        threads = n_threads or min(8, os.cpu_count() or 1)
-        fa = flash_attn_for(n_gpu_layers, flash_attn)
-        # flash attention as edge-eagle's engines decide it (system.decide_flash_attn): another
-        # setting shifts logits enough to flip near-ties (llama-cpp-python's Llama takes on or off;
-        # llama.cpp's own AUTO, with layers on a GPU, enables it there). logits_all=True: with a draft model,
-        # llama-cpp-python sizes its logits buffer by n_batch unless logits_all is passed, and
-        # overflows once the sequence passes n_batch.
-        with llama_cpp_python_repack(n_gpu_layers, repack):  # llama.cpp's AMX kernels crash (edge_eagle/system.py)
-            self.llm = Llama(model_path=target, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             draft_model=self.draft, logits_all=True, flash_attn=fa.setting != "off", verbose=False,
-                             n_gpu_layers=n_gpu_layers)
+        self.target, self.n_ctx, self.n_gpu_layers, self.repack = target, n_ctx, n_gpu_layers, repack
+        self.threads = n_threads or min(8, os.cpu_count() or 1)
+        # flash attention as edge-eagle's engines decide it, per prompt (system.decide_flash_attn,
+        # FlashAttnDecision.for_prompt): another setting shifts logits enough to flip near-ties.
+        # llama-cpp-python's Llama takes on or off when it is made, so there is one Llama per setting
+        # used (llama.cpp's own AUTO, with layers on a GPU, enables it there)
+        self.fa = flash_attn_for(n_gpu_layers, flash_attn)
+        self.llms: dict[bool, Any] = {}
+        self.llm = self._llm(self.fa.setting != "off")
+
+    def _llm(self, flash_attn: bool):
+        from llama_cpp import Llama
+
+        if flash_attn not in self.llms:
+            # logits_all=True: with a draft model, llama-cpp-python sizes its logits buffer by
+            # n_batch unless logits_all is passed, and overflows once the sequence passes n_batch
+            with llama_cpp_python_repack(self.n_gpu_layers, self.repack):  # AMX kernels crash (system.py)
+                self.llms[flash_attn] = Llama(model_path=self.target, n_ctx=self.n_ctx, n_threads=self.threads,
+                                              n_threads_batch=self.threads, draft_model=self.draft, logits_all=True,
+                                              flash_attn=flash_attn, verbose=False, n_gpu_layers=self.n_gpu_layers)
+        return self.llms[flash_attn]
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        self.fa = self.fa.for_prompt(len(tokens))
+        self.llm = self._llm(self.fa.setting != "off")
         self.draft.calls.clear()
         out: list[int] = []
         t_first = 0.0
@@ -162,7 +173,8 @@ class PromptLookupRunner(Runner):
                          stats=acceptance_from_calls(self.draft.calls, seq))
 
     def close(self) -> None:
-        self.llm.close()
+        for llm in self.llms.values():
+            llm.close()
 
 
 def upstream_binary(build: bool = False) -> Path | None:
@@ -200,7 +212,8 @@ class UpstreamRunner(Runner):
         self.repack = repack
         # the attention kernel edge-eagle's engines use (system.decide_flash_attn), so that every
         # runner is the same llama.cpp computing the same attention
-        self.flash_attn = flash_attn_for(n_gpu_layers, flash_attn).flag
+        # (per prompt, as an engine routes it: FlashAttnDecision.for_prompt)
+        self.fa = flash_attn_for(n_gpu_layers, flash_attn)
         self.n_gpu_layers = n_gpu_layers
         self.n_ctx, self.spec_type = n_ctx, spec_type
         self.threads = n_threads or min(8, os.cpu_count() or 1)
@@ -220,11 +233,12 @@ class UpstreamRunner(Runner):
         return [str(self.binary), "-m", self.target, *self.spec_args(), "-f", prompt_file, "-n", str(n),
                 "--temp", "0", "--top-k", "1", "--repeat-penalty", "1.0",
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.threads), "-td", str(self.threads),
-                "--seed", "0", "-lv", "4", "--no-escape", "-fa", self.flash_attn] + (
+                "--seed", "0", "-lv", "4", "--no-escape", "-fa", self.fa.flag] + (
                 [] if repack_for(0, None, self.repack).use_extra_bufts else ["--no-repack"]) + (
                 ["-ngl", str(self.n_gpu_layers), "-ngld", str(self.n_gpu_layers)] if self.n_gpu_layers else [])
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
+        self.fa = self.fa.for_prompt(len(tokens))
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
             f.write(prompt_text + "\n")  # `-f` drops one trailing newline; keep the prompt's own
         try:

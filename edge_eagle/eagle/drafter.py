@@ -60,20 +60,35 @@ class EagleDrafter(Drafter):
         # one sequence per expanded node of a depth; none when the target cannot verify trees
         self.tree_branch_max = min(TREE_BRANCH_MAX, min(self.n_batch, target.n_ctx) - 1) if target.tree_paths else 0
         self.supports_trees = self.tree_branch_max > 0
+        self.n_threads = threads
+        self.draft_ids = draft_ids(self.gguf, self.n_vocab)  # where its logits can be finite
+        self.pending = PendingRows(3 * self.spec.target_hidden_size)
+        self.ctx = None
+        self._make_context(target)
+
+    def _make_context(self, target: "Target") -> None:
+        """The drafter's llama.cpp context, bound to the target's (ctx_other) and computing
+        attention as it does, and what works on it; the drafter starts afresh."""
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
-                               n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=threads,
-                               n_threads_batch=threads, no_perf=True, ctx_other=target.ctx,
+                               n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=self.n_threads,
+                               n_threads_batch=self.n_threads, no_perf=True, ctx_other=target.ctx,
                                n_seq_max=1 + self.tree_branch_max, kv_unified=self.supports_trees,
                                flash_attn_type=target.flash_attn.llama_type)
         B.llama_set_embeddings_nextn(self.ctx, True, True)
         self.memory = Memory(self.ctx)
-        self.draft_ids = draft_ids(self.gguf, self.n_vocab)  # where its logits can be finite
         self.native = NativeBatches.load(self.ctx, self.memory.handle, self.norms, self.n_embd, self.n_vocab,
                                          self.n_batch, self.draft_ids)
         self.batches: Batches = self.native or Batches(self.ctx, self.norms, self.n_embd, self.n_vocab, self.n_batch)
-        self.pending = PendingRows(3 * self.spec.target_hidden_size)
         self.trees = TreeDrafter(self.memory, self.batches, self.norms.carry, self.tree_branch_max, self.draft_ids)
         self.reset()
+
+    def rebind(self, target: "Target") -> None:
+        """The target made its context again (Target.set_flash_attn): make this drafter's again,
+        bound to the new one. The drafter starts afresh, as after reset()."""
+        self.batches.close()
+        free_context(self.ctx)
+        self.ctx = None
+        self._make_context(target)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -175,6 +190,7 @@ class EagleDrafter(Drafter):
 
     def set_threads(self, n: int) -> None:
         C.llama_set_n_threads(self.ctx, n, n)
+        self.n_threads = n
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
