@@ -3,12 +3,17 @@
 
     python scripts/bench_attention.py [--prompts agent] [--limit 8] [--every 1] [-n 128] [--n-ctx 2048]
                                        [--rounds 1] [--json OUT]
+    python scripts/bench_attention.py --switches 40 [--n-ctx 2048] [--json OUT]
 
 Two engines, the same target and drafter, one with flash attention on and one off. For each
 prompt (chat-formatted and cut to the window as `edge-eagle bench` does), plain decoding and
 `auto` run on both, in rotating order, --rounds times (a prompt's ratio is the median of its
 rounds). Reported: speed ratios as median, quartiles and min-max over prompts, and how many
 greedy answers are the same text. No request joins the suffix history.
+
+--switches N: instead, what one switch of the routed setting (auto on the CPU) costs: an engine
+with the default target and drafter switches between on and off N times
+(EdgeEagle.route_attention: both contexts made again); the milliseconds per switch.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ def main() -> int:
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--switches", type=int, default=0)
     args = ap.parse_args()
+    if args.switches:
+        return switch_cost(args)
     prompts = load_prompts(args.prompts, args.limit, args.every)
     benches = {}
     try:
@@ -87,6 +95,46 @@ def main() -> int:
            "auto / plain, off": ratio(("off", "auto"), ("off", "plain")),
            "auto off / plain on": ratio(("off", "auto"), ("on", "plain")),
            "same greedy text": same}
+    emit_report(out, args.json)
+    return 0
+
+
+def switch_cost(args: argparse.Namespace) -> int:
+    import time
+
+    from edge_eagle import EdgeEagle
+    from edge_eagle.system import FLASH_ATTN_OFF_FROM
+
+    with EdgeEagle(n_ctx=args.n_ctx) as engine:
+        if not engine.target.flash_attn.routed:
+            raise SystemExit("flash attention is not routed here (attention runs on a GPU); nothing to measure.")
+        times = []
+        for i in tqdm(range(args.switches), desc="switches", file=sys.stderr):
+            t0 = time.perf_counter()
+            engine.route_attention(0 if i % 2 else FLASH_ATTN_OFF_FROM)
+            times.append((time.perf_counter() - t0) * 1e3)
+        assert engine.attention_switches == args.switches
+    # a chat whose prompt passes FLASH_ATTN_OFF_FROM: its turn's first token, after the turn before
+    # it was cached, on a routed engine (the switch empties the cache: the whole prompt is read
+    # again) against one fixed on (only the new part is read)
+    words = [f"word{i}" for i in range(1000)]
+    ttft: dict[str, list[float]] = {"auto": [], "on": []}
+    with EdgeEagle(n_ctx=args.n_ctx) as routed, EdgeEagle(n_ctx=args.n_ctx, flash_attn="on") as fixed:
+        text = routed.target.tokenize(" ".join(words))
+        first, grown = text[:300], text[:FLASH_ATTN_OFF_FROM + 100]
+        assert len(first) < FLASH_ATTN_OFF_FROM <= len(grown) and grown[:len(first)] == first
+        for i in tqdm(range(5), desc="chat turns", file=sys.stderr):
+            for name, eng in ((("auto", routed), ("on", fixed)) if i % 2 else (("on", fixed), ("auto", routed))):
+                eng.route_attention(0)
+                eng.generate(first, max_tokens=1).result()  # the turn before: cached
+                t0 = time.perf_counter()
+                eng.generate(grown, max_tokens=1).result()
+                ttft[name].append((time.perf_counter() - t0) * 1e3)
+    out = {"cpu": cpu_name(), "command": "python scripts/bench_attention.py " + " ".join(sys.argv[1:]),
+           "n_ctx": args.n_ctx, "switches": args.switches, "ms_per_switch": spread(times),
+           "crossing turn": {"cached tokens": len(first), "prompt tokens": len(grown),
+                             "first token ms, auto (switch, whole prompt read)": spread(ttft["auto"]),
+                             "first token ms, on (new part read)": spread(ttft["on"])}}
     emit_report(out, args.json)
     return 0
 
