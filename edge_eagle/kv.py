@@ -6,8 +6,11 @@ one (the prompt cache); every operation that changes the cache keeps that list t
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from typing import Any, Sequence
 
+import numpy as np
 from llama_cpp import llama_cpp as C
 
 
@@ -65,3 +68,105 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# --- a sequence's KV cells across flash attention settings ----------------------------------------
+#
+# llama.cpp stores V transposed when a context computes attention without flash attention, and its
+# sequence state data (llama_state_seq_get_data) says which: a context of the other setting refuses
+# it ("incompatible V transposition"). The data, as llama.cpp 0.3.36 writes it: an 8-byte header,
+# n_stream (u32), then per stream: cell_count (u32), and unless it is 0: per cell pos (i32),
+# n_seq_id (u32) and the sequence ids (i32 each); v_trans (u32), n_layer (u32); per layer K: type
+# (i32), row size (u64), the cells' rows; per layer V: type (i32), row size (u64), the cells' rows,
+# or transposed: type (i32), element size (u32), n_embd_v (u32), then n_embd_v rows of cell_count
+# elements.
+
+_ELEMENT_SIZE = {0: 4, 1: 2, 30: 2}  # GGML_TYPE_F32, F16, BF16: the V types that transpose element-wise
+_ELEMENT_DTYPE = {2: np.uint16, 4: np.uint32}
+
+
+def relayout_v(data: bytes, v_trans: bool) -> bytes | None:
+    """A sequence's state data with its V cells in the layout `v_trans` asks for (the data
+    itself when they are in it already); None when the data is not the layout described above
+    or its V type does not transpose element by element (a quantized V cache): then the cells
+    cannot move."""
+    try:
+        return _relayout_v(memoryview(data), v_trans)
+    except (struct.error, ValueError, KeyError):
+        return None
+
+
+def _relayout_v(data: memoryview, v_trans: bool) -> bytes:
+    out = bytearray(data[:12])  # the header and n_stream
+    (n_stream,) = struct.unpack_from("<I", data, 8)
+    o = 12
+    for _ in range(n_stream):
+        start = o
+        (cells,) = struct.unpack_from("<I", data, o)
+        o += 4
+        if not cells:  # an empty stream is its count alone
+            out += data[start:o]
+            continue
+        for _ in range(cells):  # the cells' positions and sequences, as they are
+            _, n_seq = struct.unpack_from("<iI", data, o)
+            o += 8 + 4 * n_seq
+        out += data[start:o]
+        trans, n_layer = struct.unpack_from("<II", data, o)
+        out += struct.pack("<II", int(v_trans), n_layer)
+        o += 8
+        start = o
+        for _ in range(n_layer):  # K: rows either way
+            _, row = struct.unpack_from("<iQ", data, o)
+            o += 12 + cells * row
+        out += data[start:o]
+        for _ in range(n_layer):
+            if trans:
+                vtype, el, n_embd = struct.unpack_from("<iII", data, o)
+                o += 12
+                shape = (n_embd, cells)
+            else:
+                vtype, row = struct.unpack_from("<iQ", data, o)
+                o += 12
+                el = _ELEMENT_SIZE[vtype] if bool(trans) != v_trans else 1
+                n_embd = row // el
+                if n_embd * el != row:
+                    raise ValueError("a V row is not whole elements")
+                shape = (cells, n_embd)
+            size = cells * el * n_embd
+            if o + size > len(data):
+                raise ValueError("the data ends inside a V layer")
+            block = data[o:o + size]
+            o += size
+            if bool(trans) != v_trans:
+                block = np.ascontiguousarray(np.frombuffer(block, _ELEMENT_DTYPE[el]).reshape(shape).T).data
+            out += struct.pack("<iII", vtype, el, n_embd) if v_trans else struct.pack("<iQ", vtype, el * n_embd)
+            out += block
+    if o != len(data):
+        raise ValueError("data after the last stream")
+    return bytes(out)
+
+
+def seq_state(ctx: Any, seq: int = 0) -> bytes:
+    """Sequence `seq`'s KV cells as llama.cpp's state data (empty when it holds none)."""
+    size = C.llama_state_seq_get_size(ctx, seq)
+    buf = (ctypes.c_uint8 * size)()
+    got = C.llama_state_seq_get_data(ctx, buf, size, seq)
+    return bytes(memoryview(buf)[:got])
+
+
+def move_cells(state: bytes, ctx: Any, v_trans: bool, seq: int = 0) -> bool:
+    """Put the cells of `state` (seq_state of another context) into sequence `seq` of ctx, V in
+    the layout `v_trans` says ctx keeps; whether they are there now (True for no cells)."""
+    moved = relayout_v(state, v_trans)
+    if moved is None:
+        return False
+    if all(b == 0 for b in moved[12:16]) and len(moved) == 16:  # one stream without cells
+        return True
+    return load_seq_state(ctx, moved, seq)
+
+
+def load_seq_state(ctx: Any, data: bytes, seq: int = 0) -> bool:
+    """Put state data (seq_state) into sequence `seq` of ctx; False when llama.cpp refused it
+    (the sequence is then empty)."""
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    return C.llama_state_seq_set_data(ctx, buf, len(data), seq) == len(data)

@@ -17,7 +17,7 @@ from ._llama import float_view, free_context, free_model, load_model, n_threads_
 from .capture import FeatureCapture
 from .errors import EdgeEagleError, ModelFileError
 from .gguf_file import GGUFFile, check_hparams, read_gguf
-from .kv import Memory
+from .kv import Memory, move_cells, seq_state
 from .proposal import Proposal
 from .system import FlashAttnDecision, flash_attn_for
 
@@ -143,15 +143,23 @@ class Target:
     def set_flash_attn(self, decision: FlashAttnDecision) -> bool:
         """Compute attention as `decision` says from now on: llama.cpp fixes the setting when it
         makes a context (without flash attention it stores V transposed), so a new setting makes
-        the context again, with an empty KV cache. A drafter bound to this context must then be
-        bound again (Drafter.rebind). Returns whether the context was made again."""
+        the context again. Sequence 0's KV cells move into it, V laid out anew (kv.relayout_v),
+        so the prompt cache stays; where they cannot move, the cache starts empty. A drafter bound
+        to this context must then be bound again (Drafter.rebind). Returns whether the context
+        was made again."""
         if decision.setting == self.flash_attn.setting:
             self.flash_attn = decision
             return False
         self.flash_attn = decision
+        tokens = list(self.memory.tokens)
+        state = seq_state(self.ctx) if tokens else b""
         old, self.ctx = self.ctx, None
         free_context(old)
         self._make_context()
+        if state and move_cells(state, self.ctx, v_trans=decision.setting == "off"):
+            self.memory.tokens = tokens
+        elif state:
+            self.memory.clear()
         return True
 
     # --- for native code that decodes this target's batch itself (the drafter's fast cycle) ---

@@ -177,6 +177,20 @@ def test_flash_attention_follows_the_prompt_length_and_output_stays_lossless(tin
         assert ee.attention_switches == 2
         assert_lossless(ee.target, toks, plain, again)
 
+    # a chat whose prompt grows past the threshold: its cells move into the new contexts, V laid
+    # out anew, so the turn reads only its new part and greedy output stays lossless
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=2048, n_threads=2) as ee:
+        grown = long_toks[:FLASH_ATTN_OFF_FROM + 40]
+        first = grown[:200]
+        ee.generate(first, max_tokens=8).result()
+        cached = list(ee.target.memory.tokens)
+        gen = ee.generate(grown, max_tokens=24).result()
+        assert ee.target.flash_attn.setting == "off" and ee.attention_switches == 1
+        assert gen.stats.prompt_cached == len(first) - 1 and gen.stats.drafted > 0  # a feature drafter: one more
+        assert cached[:len(first)] == first
+        assert_lossless(ee.target, grown, ee.generate(grown, max_tokens=24, speculative=False).result().tokens,
+                        gen.tokens)
+
     off = Target(tiny_target, n_ctx=2048, flash_attn="off")
     on = Target(tiny_target, n_ctx=2048, flash_attn="on")
     try:
@@ -185,6 +199,53 @@ def test_flash_attention_follows_the_prompt_length_and_output_stays_lossless(tin
     finally:
         off.close()
         on.close()
+
+
+def test_kv_cells_move_bit_for_bit_when_flash_attention_switches(tiny_target, tiny_drafters):
+    """A switch makes the target's and drafter's contexts again: sequence 0's cells move across
+    with V transposed (kv.relayout_v) and back out bit for bit, the drafter's waiting rows stay,
+    and its next drafts are the ones it would have made (to the kernels' rounding)."""
+    from edge_eagle.eagle.drafter import EagleDrafter
+    from edge_eagle.kv import relayout_v, seq_state
+    from edge_eagle.system import decide_flash_attn
+
+    auto = decide_flash_attn("auto", True)
+    pairs = []
+    for _ in range(2):
+        t = Target(tiny_target, n_ctx=1024, tree_paths=8, flash_attn="auto")
+        d = EagleDrafter(tiny_drafters["eagle3.1"][0], t)
+        t.set_capture(d.target_layers)
+        prompt = t.tokenize(" ".join(f"item{i}" for i in range(60)))
+        res = t.prefill(prompt)
+        d.ingest(res.require_features(), 0, prompt)
+        seq = prompt + [int(np.argmax(res.logits[-1]))]
+        d.propose(seq, 3)  # the drafter's rows go into its KV
+        pairs.append((t, d))
+    try:
+        (t1, d1), (t2, d2) = pairs
+        target_cells, drafter_cells = seq_state(t2.ctx), seq_state(d2.ctx)
+        pending = (d2.pending.rows, d2.pending.pos0, d2.pending.kv_rows, list(d2.pending.kv_tokens))
+        assert t2.set_flash_attn(auto.for_prompt(10_000))
+        d2.rebind(t2)
+        assert t2.flash_attn.setting == "off" and t2.memory.tokens == prompt
+        assert relayout_v(seq_state(t2.ctx), v_trans=False) == target_cells != relayout_v(target_cells, True)
+        assert relayout_v(seq_state(d2.ctx), v_trans=False) == drafter_cells
+        for broken in (target_cells[:-3], target_cells + b"\0", b"not a state"):  # such cells do not move
+            assert relayout_v(broken, True) is None
+        assert (d2.pending.rows, d2.pending.pos0, d2.pending.kv_rows, list(d2.pending.kv_tokens)) == pending
+        assert d2.pending.kv_rows > 0
+        nxt = None
+        logits = []
+        for t, d in pairs:  # a plain step, then drafts, on each
+            res = t.decode([seq[-1]], len(prompt))
+            d.ingest(res.require_features(), len(prompt), [seq[-1]])
+            nxt = int(np.argmax(res.logits[-1])) if nxt is None else nxt
+            logits.append(d.propose_with_logits(seq + [nxt], 3)[1][0])
+        np.testing.assert_allclose(logits[1], logits[0], atol=0.05)  # another attention kernel, same cells
+    finally:
+        for t, d in pairs:
+            d.close()
+            t.close()
 
 
 @pytest.mark.smollm

@@ -20,7 +20,7 @@ from .. import _bindings as B
 from .._llama import free_context, free_model, load_model, n_threads_default, new_context
 from ..drafter import Drafter
 from ..gguf_file import GGUFFile, check_hparams, read_gguf
-from ..kv import Memory
+from ..kv import Memory, move_cells, seq_state
 from ..policy import TREE_DEPTH
 from ..proposal import Proposal
 from .batches import Batches
@@ -66,9 +66,9 @@ class EagleDrafter(Drafter):
         self.ctx = None
         self._make_context(target)
 
-    def _make_context(self, target: "Target") -> None:
+    def _make_context(self, target: "Target", reset: bool = True) -> None:
         """The drafter's llama.cpp context, bound to the target's (ctx_other) and computing
-        attention as it does, and what works on it; the drafter starts afresh."""
+        attention as it does, and what works on it; the drafter starts afresh (reset)."""
         self.ctx = new_context(self.model, os.path.basename(self.path), n_ctx=target.n_ctx,
                                n_batch=self.n_batch, n_ubatch=self.n_batch, n_threads=self.n_threads,
                                n_threads_batch=self.n_threads, no_perf=True, ctx_other=target.ctx,
@@ -80,15 +80,21 @@ class EagleDrafter(Drafter):
                                          self.n_batch, self.draft_ids)
         self.batches: Batches = self.native or Batches(self.ctx, self.norms, self.n_embd, self.n_vocab, self.n_batch)
         self.trees = TreeDrafter(self.memory, self.batches, self.norms.carry, self.tree_branch_max, self.draft_ids)
-        self.reset()
+        if reset:
+            self.reset()
 
     def rebind(self, target: "Target") -> None:
         """The target made its context again (Target.set_flash_attn): make this drafter's again,
-        bound to the new one. The drafter starts afresh, as after reset()."""
+        bound to the new one and computing attention as it does. Its KV cells move across, V laid
+        out anew (kv.relayout_v), and its rows waiting for tokens stay, so it goes on where it
+        was; where the cells cannot move it starts afresh, as after reset()."""
+        state = seq_state(self.ctx)
         self.batches.close()
         free_context(self.ctx)
         self.ctx = None
-        self._make_context(target)
+        self._make_context(target, reset=False)
+        if not move_cells(state, self.ctx, v_trans=target.flash_attn.setting == "off"):
+            self.reset()
 
     # --- state ---------------------------------------------------------------------------
 
