@@ -70,6 +70,8 @@ def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target,
             assert r["tau"] is not None and r["tau"] >= 1.0, r["name"]
     by = {r["name"]: r for r in report["runners"]}
     assert by["plain"]["speedup"] == 1.0 and by["plain"]["tau"] is None
+    # llama.cpp's loop without drafts: the reference for its n-gram runners' loop
+    assert by["llama.cpp ngram-mod [no drafts]"]["drafted"] == 0
     # the same drafter, the same greedy semantics: every runner reproduces plain decoding
     for name in ("edge-eagle k=2 [tiny-eagle3]", "edge-eagle k=2 [tiny-eagle3.1]", "edge-eagle auto [tiny-eagle3]"):
         assert by[name]["greedy_equals_plain"]["ok"], name

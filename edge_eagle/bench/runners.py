@@ -272,12 +272,18 @@ class UpstreamRunner(Runner):
 #: llama.cpp's n-gram speculators that bench runs: (spec type, label, extra flags). Their defaults
 #: (drafts of 48-64 tokens after 12-24-token matches) suit a GPU; the CPU settings draft at most
 #: 8 tokens after shorter matches, as a batch of 9 already costs ~4.5 single steps on a 2-core CPU.
+#: "no drafts" needs a match of NO_DRAFT_MATCH tokens, which never comes: llama.cpp's own loop
+#: decoding plainly, so the table shows how much of an n-gram runner's ratio to edge-eagle's plain
+#: decoding is its loop's (the binary has no plain mode).
+NO_DRAFT_MATCH = 1024  # the most llama.cpp accepts
 NGRAM_RUNNERS: tuple[tuple[str, str, list[str]], ...] = (
     ("ngram-mod", "defaults", []),
     ("ngram-map-k", "defaults", []),
     ("ngram-mod", "cpu", ["--spec-ngram-mod-n-match", "8", "--spec-ngram-mod-n-min", "2",
                           "--spec-ngram-mod-n-max", "8"]),
     ("ngram-map-k", "cpu", ["--spec-ngram-map-k-size-n", "4", "--spec-ngram-map-k-size-m", "8"]),
+    ("ngram-mod", "no drafts", ["--spec-ngram-mod-n-match", str(NO_DRAFT_MATCH), "--spec-ngram-mod-n-min",
+                                str(NO_DRAFT_MATCH), "--spec-ngram-mod-n-max", str(NO_DRAFT_MATCH)]),
 )
 
 
