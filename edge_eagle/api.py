@@ -91,6 +91,8 @@ class Generation:
         self.dropped_messages = 0  # chat(): oldest messages dropped to fit the context window
         self.drafter_name = "none"  # the drafter that ran this generation, and its adapted version (0: as given)
         self.drafter_version = 0
+        #: flash attention this generation ran with: "on", "off", or "auto" (llama.cpp's own choice)
+        self.flash_attn: str | None = None
 
     def __iter__(self) -> Iterator[Token]:
         if self._iter is None:
@@ -124,6 +126,7 @@ class Generation:
             try:
                 k = self._k if drafter is not NO_DRAFTER else 0
                 eng._route_attention(len(self._prompt))
+                self.flash_attn = eng.target.flash_attn.flag
                 if eng.governor is not None or k == "auto":
                     eng.prepare_costs()
                 policy = eng.policy(k, self._tree if drafter is not NO_DRAFTER else None)

@@ -182,10 +182,10 @@ def test_flash_attention_follows_the_prompt_length_and_output_stays_lossless(tin
     with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k=3, n_ctx=2048, n_threads=2) as ee:
         grown = long_toks[:FLASH_ATTN_OFF_FROM + 40]
         first = grown[:200]
-        ee.generate(first, max_tokens=8).result()
+        assert ee.generate(first, max_tokens=8).result().flash_attn == "auto"
         cached = list(ee.target.memory.tokens)
         gen = ee.generate(grown, max_tokens=24).result()
-        assert ee.target.flash_attn.setting == "off" and ee.attention_switches == 1
+        assert ee.target.flash_attn.setting == "off" and ee.attention_switches == 1 and gen.flash_attn == "off"
         assert gen.stats.prompt_cached == len(first) - 1 and gen.stats.drafted > 0  # a feature drafter: one more
         assert cached[:len(first)] == first
         assert_lossless(ee.target, grown, ee.generate(grown, max_tokens=24, speculative=False).result().tokens,

@@ -119,6 +119,7 @@ def test_completions_with_stop_and_the_prompt_cache(served, served_engine):
     assert cut["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert cut["edge_eagle"]["prompt_cached_tokens"] + cut["edge_eagle"]["prompt_prefilled_tokens"] == \
         cut["usage"]["prompt_tokens"]
+    assert cut["edge_eagle"]["flash_attn"] == "auto"  # a short prompt: llama.cpp's own choice
     stream = {**body, "stream": True}
     with served.http.stream("POST", "/v1/completions", json=stream) as r:
         events = _sse(r.iter_lines())

@@ -24,8 +24,9 @@ TEXT = R.Envelope("text", "cmpl-1", 1700000000, "tiny")
 
 def test_edge_eagle_object_carries_the_acceptance_figures_of_to_dict():
     s = _stats()
-    assert R.edge_eagle_stats(s.to_dict(), "eagle3", 3) == {
-        "drafter": "eagle3", "drafter_version": 0, "k": 3, "k_mean": 2.0, "tau": 1.6667, "drafted": 6, "accepted": 2,
+    assert R.edge_eagle_stats(s.to_dict(), "eagle3", 3, flash_attn="off") == {
+        "drafter": "eagle3", "drafter_version": 0, "flash_attn": "off", "k": 3, "k_mean": 2.0, "tau": 1.6667,
+        "drafted": 6, "accepted": 2,
         "verify_steps": 3, "acceptance_rate": 0.3333, "per_position_acceptance": [0.5, 0.5, 0.0],
         "tokens_per_second": 10.0, "prompt_cached_tokens": 4, "prompt_prefilled_tokens": 6}
 

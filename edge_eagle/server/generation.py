@@ -64,7 +64,8 @@ def figures(state: ServerState, job: Job) -> dict[str, Any]:
     if gen is None:
         return responses.unstarted_report(len(job.tokens))
     drafter = gen.drafter_name if gen.drafter_name != "none" else state.drafter_name
-    return responses.report(gen.stats.to_dict(), len(gen.tokens), drafter, state.options.k, gen.drafter_version)
+    return responses.report(gen.stats.to_dict(), len(gen.tokens), drafter, state.options.k, gen.drafter_version,
+                            gen.flash_attn)
 
 
 def job_finish_reason(job: Job) -> str:

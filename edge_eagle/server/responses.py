@@ -59,9 +59,11 @@ def usage(stats: Stats, completion_tokens: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats["prompt_cached_tokens"]}}
 
 
-def edge_eagle_stats(stats: Stats, drafter: str, k: int | str | None, drafter_version: int = 0) -> dict[str, Any]:
-    """The acceptance figures of one generation."""
-    return {"drafter": drafter, "drafter_version": drafter_version, "k": k, "k_mean": stats["k_mean"],
+def edge_eagle_stats(stats: Stats, drafter: str, k: int | str | None, drafter_version: int = 0,
+                     flash_attn: str | None = None) -> dict[str, Any]:
+    """The acceptance figures of one generation, and the flash attention it ran with."""
+    return {"drafter": drafter, "drafter_version": drafter_version, "flash_attn": flash_attn, "k": k,
+            "k_mean": stats["k_mean"],
             "tau": stats["tau"],
             "drafted": stats["drafted"], "accepted": stats["accepted"], "verify_steps": stats["verify_steps"],
             "acceptance_rate": stats["acceptance_rate"],
@@ -80,10 +82,10 @@ def timings(stats: Stats, completion_tokens: int) -> dict[str, Any]:
 
 
 def report(stats: Stats, completion_tokens: int, drafter: str, k: int | str | None,
-           drafter_version: int = 0) -> dict[str, Any]:
+           drafter_version: int = 0, flash_attn: str | None = None) -> dict[str, Any]:
     """`usage`, `edge_eagle` and `timings` of a generation that ran."""
     return {"usage": usage(stats, completion_tokens), "edge_eagle": edge_eagle_stats(stats, drafter, k,
-                                                                                   drafter_version),
+                                                                                   drafter_version, flash_attn),
             "timings": timings(stats, completion_tokens)}
 
 
