@@ -221,9 +221,12 @@ def main() -> int:
     try:
         ee = bench.engines[0]
         index = index_costs(ee, args.index_tokens)
-        costs = ee.calibrate(use_cache=False)
         pairs = answers(bench, load_prompts(args.prompts, args.limit, args.every), args.n)
+        # the costs of the attention setting the answers ran with (routed by prompt length)
+        ee.route_attention(sorted(len(ids) for ids, _ in pairs)[len(pairs) // 2])
+        costs = ee.calibrate(use_cache=False)
         same = equality(ee, pairs)
+        flash_attn = ee.target.flash_attn.flag
     finally:
         bench.close()
     best = oracle(pairs, costs)
@@ -232,6 +235,7 @@ def main() -> int:
     report = {"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
               "index": index, "c": {m: round(costs.c(m), 3) for m in range(1, 18)},
               "prompts": args.prompts, "count": len(pairs), "oracle": spread(best),
+              "flash_attn": flash_attn,
               "slope_ms_per_1k_context": {m: round(costs.slope_s[m] * 1e6, 3) for m in sorted(costs.slope_s)},
               "prompt_tokens": spread([len(ids) for ids, _ in pairs]),
               "replay": {**spread(chosen), "lookup_cycles": lookups, "cycles": cycles},
