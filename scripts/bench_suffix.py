@@ -15,7 +15,8 @@
    knows that takes the lookup, cut to the accepted path, whenever (accepted + 1) /
    c(accepted + 1) beats a plain step, with this CPU's measured c(n). Reported: its tokens per
    single-step cost per prompt: the most any proposer choice could gain from these drafts here.
-3. Policy replay: the same answers, decoded by `auto`'s controller choosing between plain steps
+3. Policy replay: the same answers after their first token (which the prompt's prefill gives, as
+   in the live loop), decoded by `auto`'s controller choosing between plain steps
    and these lookups (no drafter), each cycle charged c(m + 1) for m drafted nodes at its
    context: what the choice gains without knowing the outcome, beside the oracle; and the same
    with a controller that believes the first context's c(n) everywhere (replay_flat_costs).
@@ -141,7 +142,9 @@ def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], in
     ratios, lookups, cycles = [], 0, 0
     for ids, out in pairs:
         ctl.begin()
-        tokens, cost, t = 0, 0.0, 0
+        # the first token comes from the prompt's prefill, as in the live loop: the first cycle
+        # plans after it (where the answer starts for the controller's match-length cap)
+        tokens, cost, t = 0, 0.0, min(1, len(out))
         while t < len(out):
             plan = ctl.plan(ids + out[:t])
             cycles += 1
@@ -154,7 +157,7 @@ def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], in
             lookups += bool(m)
             ctl.update(m, acc, m + 1, seconds, 0.0)
         ix.finish(ids + out)
-        ratios.append(tokens / cost)
+        ratios.append(tokens / cost if cost else 1.0)
     return ratios, lookups, cycles
 
 
