@@ -85,7 +85,7 @@ _ELEMENT_SIZE = {0: 4, 1: 2, 30: 2}  # GGML_TYPE_F32, F16, BF16: the V types tha
 _ELEMENT_DTYPE = {2: np.uint16, 4: np.uint32}
 
 
-def relayout_v(data: bytes, v_trans: bool) -> bytes | None:
+def relayout_v(data: bytes | bytearray, v_trans: bool) -> bytearray | None:
     """A sequence's state data with its V cells in the layout `v_trans` asks for (the data
     itself when they are in it already); None when the data is not the layout described above
     or its V type does not transpose element by element (a quantized V cache): then the cells
@@ -96,7 +96,7 @@ def relayout_v(data: bytes, v_trans: bool) -> bytes | None:
         return None
 
 
-def _relayout_v(data: memoryview, v_trans: bool) -> bytes:
+def _relayout_v(data: memoryview, v_trans: bool) -> bytearray:
     out = bytearray(data[:12])  # the header and n_stream
     (n_stream,) = struct.unpack_from("<I", data, 8)
     o = 12
@@ -143,18 +143,22 @@ def _relayout_v(data: memoryview, v_trans: bool) -> bytes:
             out += block
     if o != len(data):
         raise ValueError("data after the last stream")
-    return bytes(out)
+    return out
 
 
-def seq_state(ctx: Any, seq: int = 0) -> bytes:
-    """Sequence `seq`'s KV cells as llama.cpp's state data (empty when it holds none)."""
+def seq_state(ctx: Any, seq: int = 0) -> bytearray:
+    """Sequence `seq`'s KV cells as llama.cpp's state data (empty when it holds none), written
+    straight into the one buffer returned: for a large cache, every copy is its size again."""
     size = C.llama_state_seq_get_size(ctx, seq)
-    buf = (ctypes.c_uint8 * size)()
-    got = C.llama_state_seq_get_data(ctx, buf, size, seq)
-    return bytes(memoryview(buf)[:got])
+    data = bytearray(size)
+    view = (ctypes.c_uint8 * size).from_buffer(data)
+    got = C.llama_state_seq_get_data(ctx, view, size, seq)
+    del view  # the buffer can be resized once nothing points into it
+    del data[got:]
+    return data
 
 
-def move_cells(state: bytes, ctx: Any, v_trans: bool, seq: int = 0) -> bool:
+def move_cells(state: bytes | bytearray, ctx: Any, v_trans: bool, seq: int = 0) -> bool:
     """Put the cells of `state` (seq_state of another context) into sequence `seq` of ctx, V in
     the layout `v_trans` says ctx keeps; whether they are there now (True for no cells)."""
     moved = relayout_v(state, v_trans)
@@ -165,8 +169,10 @@ def move_cells(state: bytes, ctx: Any, v_trans: bool, seq: int = 0) -> bool:
     return load_seq_state(ctx, moved, seq)
 
 
-def load_seq_state(ctx: Any, data: bytes, seq: int = 0) -> bool:
+def load_seq_state(ctx: Any, data: bytes | bytearray, seq: int = 0) -> bool:
     """Put state data (seq_state) into sequence `seq` of ctx; False when llama.cpp refused it
-    (the sequence is then empty)."""
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    return C.llama_state_seq_set_data(ctx, buf, len(data), seq) == len(data)
+    (the sequence is then empty). A bytearray is read in place."""
+    n = len(data)
+    buf = (ctypes.c_uint8 * n).from_buffer(data) if isinstance(data, bytearray) else \
+        (ctypes.c_uint8 * n).from_buffer_copy(data)
+    return C.llama_state_seq_set_data(ctx, buf, n, seq) == n

@@ -152,9 +152,9 @@ class Target:
             return False
         self.flash_attn = decision
         tokens = list(self.memory.tokens)
-        state = seq_state(self.ctx) if tokens else b""
+        state = seq_state(self.ctx) if tokens else bytearray()
         old, self.ctx = self.ctx, None
-        free_context(old)
+        free_context(old)  # before the new one: the old cells live on in `state` alone
         self._make_context()
         if state and move_cells(state, self.ctx, v_trans=decision.setting == "off"):
             self.memory.tokens = tokens
