@@ -116,10 +116,9 @@ class EngineCosts:
 
     def _route_attention(self, n_prompt: int) -> None:
         """With flash attention routed (auto on the CPU), switch it for this request's prompt: the
-        target's and drafter's contexts are made again (their caches start empty) and the batch
-        costs of the new setting come into use (EngineCosts.attention_changed)."""
-        decision = self.target.flash_attn.for_prompt(n_prompt)
-        if decision is self.target.flash_attn or not self.target.set_flash_attn(decision):
+        target's and drafter's contexts are made again (their cached cells moved across) and the
+        batch costs of the new setting come into use (EngineCosts.attention_changed)."""
+        if not self.target.set_flash_attn(self.target.flash_attn.for_prompt(n_prompt)):
             return
         self.attention_switches += 1
         if self.drafter is not None:
@@ -130,9 +129,9 @@ class EngineCosts:
         """The target computes attention another way now (a routed flash-attention switch): the
         costs measured for that setting at this thread count if there are any, else measured
         (or taken from the calibration cache) before the next generation that needs them."""
-        kept = self._costs_by_attention.get(self.target.flash_attn.setting)
         if self.costs is None:
             return
+        kept = self._costs_by_attention.get(self.target.flash_attn.setting)
         if kept is not None and kept[1] == self.target.n_threads:
             self._use_costs(kept[0], "kept", kept[1])
             if self.controller is not None:

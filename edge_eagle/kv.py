@@ -127,6 +127,7 @@ def _relayout_v(data: memoryview, v_trans: bool) -> bytearray:
             else:
                 vtype, row = struct.unpack_from("<iQ", data, o)
                 o += 12
+                # rows that stay rows are copied as bytes, whatever their type
                 el = _ELEMENT_SIZE[vtype] if bool(trans) != v_trans else 1
                 n_embd = row // el
                 if n_embd * el != row:
@@ -164,7 +165,7 @@ def move_cells(state: bytes | bytearray, ctx: Any, v_trans: bool, seq: int = 0) 
     moved = relayout_v(state, v_trans)
     if moved is None:
         return False
-    if all(b == 0 for b in moved[12:16]) and len(moved) == 16:  # one stream without cells
+    if len(moved) == 16 and moved[12:16] == b"\0\0\0\0":  # one stream without cells: nothing to load
         return True
     return load_seq_state(ctx, moved, seq)
 

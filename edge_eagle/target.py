@@ -157,9 +157,7 @@ class Target:
         free_context(old)  # before the new one: the old cells live on in `state` alone
         self._make_context()
         if state and move_cells(state, self.ctx, v_trans=decision.setting == "off"):
-            self.memory.tokens = tokens
-        elif state:
-            self.memory.clear()
+            self.memory.tokens = tokens  # else the new context's memory stays empty
         return True
 
     # --- for native code that decodes this target's batch itself (the drafter's fast cycle) ---

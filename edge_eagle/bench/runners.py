@@ -135,7 +135,7 @@ class PromptLookupRunner(Runner):
         # used (llama.cpp's own AUTO, with layers on a GPU, enables it there)
         self.fa = flash_attn_for(n_gpu_layers, flash_attn)
         self.llms: dict[bool, Any] = {}
-        self.llm = self._llm(self.fa.setting != "off")
+        self._llm(self.fa.setting != "off")  # loaded now, as before any prompt
 
     def _llm(self, flash_attn: bool):
         from llama_cpp import Llama
@@ -151,11 +151,11 @@ class PromptLookupRunner(Runner):
 
     def run(self, tokens: Sequence[int], prompt_text: str, n: int) -> RunResult:
         self.fa = self.fa.for_prompt(len(tokens))
-        self.llm = self._llm(self.fa.setting != "off")
+        llm = self._llm(self.fa.setting != "off")
         self.draft.calls.clear()
         out: list[int] = []
         t_first = 0.0
-        for tok in self.llm.generate(list(tokens), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+        for tok in llm.generate(list(tokens), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                                      reset=True):
             if not out:
                 t_first = time.perf_counter()
@@ -167,7 +167,7 @@ class PromptLookupRunner(Runner):
                 break
         seconds = time.perf_counter() - t_first if out else 0.0
         seq = list(tokens) + out
-        text = self.llm.detokenize(out).decode("utf-8", errors="replace")
+        text = llm.detokenize(out).decode("utf-8", errors="replace")
         # the first token comes from the prompt pass; decode throughput counts the rest
         return RunResult(text=text, tokens=out, generated=max(0, len(out) - 1), seconds=seconds,
                          stats=acceptance_from_calls(self.draft.calls, seq))

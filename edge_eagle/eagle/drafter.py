@@ -89,9 +89,7 @@ class EagleDrafter(Drafter):
         out anew (kv.relayout_v), and its rows waiting for tokens stay, so it goes on where it
         was; where the cells cannot move it starts afresh, as after reset()."""
         state = seq_state(self.ctx)
-        self.batches.close()
-        free_context(self.ctx)
-        self.ctx = None
+        self._free_context()
         self._make_context(target, reset=False)
         if not move_cells(state, self.ctx, v_trans=target.flash_attn.setting == "off"):
             self.reset()
@@ -198,12 +196,15 @@ class EagleDrafter(Drafter):
         C.llama_set_n_threads(self.ctx, n, n)
         self.n_threads = n
 
-    def close(self) -> None:
+    def _free_context(self) -> None:
         if getattr(self, "ctx", None):
             if getattr(self, "batches", None) is not None:
                 self.batches.close()
             free_context(self.ctx)
             self.ctx = None
+
+    def close(self) -> None:
+        self._free_context()
         if getattr(self, "model", None):
             free_model(self.model)
             self.model = None
