@@ -15,7 +15,7 @@ from edge_eagle.proposal import Proposal
 from edge_eagle.sampling import Sampler, SamplingParams
 from edge_eagle.suffix import SuffixIndex
 from tests.test_lossless import PROMPTS, assert_lossless
-from tests.test_tree import SIGNIFICANCE, first_two_tokens_pvalue
+from tests.test_tree import SIGNIFICANCE, first_two_tokens_pvalue, hold_costs
 
 
 def test_a_lookup_finds_what_followed_in_earlier_requests_as_a_tree():
@@ -177,17 +177,24 @@ def test_greedy_output_with_suffix_drafts_equals_plain_decoding(tiny_target, tin
 
 
 def test_auto_drafts_from_an_earlier_requests_answer(tiny_target, tiny_drafters):
-    """The second request for the same text: auto drafts the first answer from the history."""
-    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto", n_threads=2, n_ctx=512) as ee:
-        prompt = PROMPTS[1]
-        first = ee.generate(prompt, max_tokens=64, speculative=False).result().tokens
-        ctl = ee.auto_controller()
-        ctl.costs.verify_s = {n: 0.001 * (1 + 0.5 * (n - 1)) for n in range(1, 17)}
-        ctl.costs.observe_verify = lambda n, s: None
-        ctl._observe_cost = lambda predicted, seconds: None
-        gen = ee.generate(prompt, max_tokens=64).result()
-        assert gen.tokens == first
-        assert gen.stats.proposers.get("lookup", 0) > 0 and gen.stats.tau > 2.0
+    """The second request for the same text: auto drafts the first answer from the history. A hot
+    seeded sample makes the answer varied text that its own earlier tokens cannot predict (the
+    tiny target's greedy text loops, on some CPUs more than on others), and the seed makes it
+    the same answer with drafts; an engine without the history has nothing to draft it from."""
+    sampling = {"temperature": 5.0, "seed": 7}
+    stats = {}
+    for history in (True, False):
+        with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto", n_threads=2, n_ctx=512,
+                       history=history) as ee:
+            prompt = PROMPTS[1]
+            first = ee.generate(prompt, max_tokens=64, speculative=False, **sampling).result().tokens
+            assert len(set(first)) > 40  # no loop to copy from
+            hold_costs(ee.auto_controller(), {n: 0.001 * (1 + 0.5 * (n - 1)) for n in range(1, 17)})
+            gen = ee.generate(prompt, max_tokens=64, **sampling).result()
+            assert gen.tokens == first
+            stats[history] = gen.stats
+    assert stats[True].proposers.get("lookup", 0) > 0 and stats[True].tau > 2.0
+    assert stats[False].tau < 1.3
 
 
 def test_sampled_suffix_trees_draw_exactly_from_the_target():

@@ -292,6 +292,14 @@ def test_tree_needs_an_eagle_drafter(tiny_target):
             ee.generate("hi", tree=3)
 
 
+def hold_costs(ctl, verify_s: dict[int, float]) -> None:
+    """Give auto these batch seconds at every context and keep them, trusted: this machine's own
+    times and its calibration's context slopes differ from run to run and from machine to machine."""
+    ctl.costs.verify_s, ctl.costs.slope_s = verify_s, {}
+    ctl.costs.observe_verify = lambda n, s: None
+    ctl._observe_cost = lambda predicted, seconds: None
+
+
 def test_auto_copies_with_prompt_lookup_where_the_text_repeats(tiny_target, tiny_drafters):
     """The tiny model's greedy text falls into loops: auto notices from its shadow lookups
     (scored for free on every cycle) and verifies lookup drafts there, losslessly."""
@@ -300,10 +308,8 @@ def test_auto_copies_with_prompt_lookup_where_the_text_repeats(tiny_target, tiny
         prompt = "Once upon a time"
         plain = ee.generate(prompt, max_tokens=120, speculative=False).result().tokens
         assert len(set(plain[60:])) < 20  # it loops
-        ctl = ee.auto_controller()
-        ctl.costs.verify_s = {n: 0.001 * (1 + 0.5 * (n - 1)) for n in range(1, 10)}  # c(n) = 1 + (n-1)/2
-        ctl.costs.observe_verify = lambda n, s: None  # held there, as on hardware where batches are cheap
-        ctl._observe_cost = lambda predicted, seconds: None  # and trusted: this machine's own times differ
+        # c(n) = 1 + (n-1)/2, held there, as on hardware where batches are cheap
+        hold_costs(ee.auto_controller(), {n: 0.001 * (1 + 0.5 * (n - 1)) for n in range(1, 10)})
         gen = ee.generate(prompt, max_tokens=120).result()
         assert_lossless(ee.target, ee.target.tokenize(prompt), plain, gen.tokens)
         s = gen.stats
@@ -317,9 +323,7 @@ def test_auto_weighs_trees_on_memory_bound_costs(tiny_target, trained_drafters):
         plain = ee.generate(PROMPTS[1], max_tokens=60, speculative=False).result().tokens
         ctl = ee.auto_controller()
         assert ctl.tree_sizes
-        ctl.costs.verify_s = {n: 0.001 for n in range(1, 17)}
-        ctl.costs.observe_verify = lambda n, s: None
-        ctl._observe_cost = lambda predicted, seconds: None
+        hold_costs(ctl, {n: 0.001 for n in range(1, 17)})
         ctl.costs.draft_step_s = 0.00001
         ctl.lookup = None
         gen = ee.generate(PROMPTS[1], max_tokens=60).result()
