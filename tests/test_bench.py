@@ -79,6 +79,19 @@ def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target,
     assert report["prompts"]["count"] == 3 and report["cost_model"]["c"]["1"] == 1.0
     md = (out / "bench.md").read_text()
     assert all(n in md for n in names)
+    # the paired comparison: only the prompts on which every runner wrote plain decoding's text
+    texts = [[o["text"] for o in r["outputs"]] for r in report["runners"]]
+
+    def same_as(text: str, ref: str) -> bool:
+        return text.startswith(ref) if len(text) >= len(ref) else ref.startswith(text)
+    common = sum(all(same_as(t[i], texts[0][i]) for t in texts) for i in range(3))
+    assert {r["speedup_same_text"]["prompts"] for r in report["runners"]} == {common}
+    assert common <= min(r["greedy_equals_plain"]["equal"] for r in report["runners"])
+    if common:
+        assert by["plain"]["speedup_same_text"]["median"] == 1.0
+        assert f"On the {common} of 3 prompts where every runner wrote plain decoding's text" in md
+    else:
+        assert "No prompt where every runner wrote plain decoding's text" in md
 
 
 def test_same_semantics_as_upstream_on_an_eagle3_drafter(tmp_path, tiny_target, trained_drafters, upstream):

@@ -53,6 +53,15 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {speed} | {_fmt(r['tau'])} | {pos} | {split} | "
                      f"{rss} | {eq_s} | {_fmt(r['predicted_speedup'])} | "
                      f"{_fmt(r['predicted_speedup_memory_bound'])} |")
+    same = [r for r in report["runners"] if r["name"] != "plain" and r.get("speedup_same_text")]
+    if same and same[0]["speedup_same_text"]["prompts"]:
+        n = same[0]["speedup_same_text"]["prompts"]
+        lines.append(f"\nOn the {n} of {report['prompts']['count']} prompts where every runner wrote plain "
+                     "decoding's text (the same work, paired): " +
+                     ", ".join(f"{r['name']} {r['speedup_same_text']['median']:.2f}×" for r in same) + ".")
+    elif same:
+        lines.append("\nNo prompt where every runner wrote plain decoding's text: the speedups above compare "
+                     "runners that decoded different texts after a near-tie.")
     for sk in report.get("skipped", []):
         lines.append(f"\nNot run: {sk['runner']} ({sk['why']}).")
     cm = report["cost_model"]

@@ -44,6 +44,11 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
             if total.drafted:
                 d_rel[r.drafter or ""] = (total.t_draft / total.drafted) / c1
     runners_out = []
+    # the prompts on which every runner wrote plain decoding's text: there all did the same work,
+    # so their speeds compare paired (where a runner's greedy text took the other side of a
+    # near-tie, it decodes another text from there on, which may copy more or less)
+    same = [all(greedy_equal(results[r.name][i], p, o.max_tokens) for r in bench.runners)
+            for i, p in enumerate(plain)]
     for r in bench.runners:
         rs = results[r.name]
         gen = sum(x.generated for x in rs)
@@ -86,6 +91,9 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
                                         "near_tie_divergences": near,
                                         "explained": eq + near == len(rs)}
         entry["divergences"] = div
+        paired = [x.tokens_per_second / p.tokens_per_second for x, p, ok in zip(rs, plain, same)
+                  if ok and p.tokens_per_second > 0]
+        entry["speedup_same_text"] = {**spread(paired), "prompts": len(paired)}
         entry.update(predict(r, entry, c_rel, d_rel))
         cats: dict[str, list[float]] = {}
         for p, ratio in zip(prompts, ratios):
