@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import calibration
-from .costs import CONTEXT_SPAN, BatchCosts, CostModel, measure_context_costs
+from . import calibration, kv
+from .costs import CONTEXT_SPAN, MIN_SPAN, BatchCosts, CostModel, measure_context_costs
 from .threads import LoadMeter, decide
 
 
@@ -43,6 +43,8 @@ class EngineCosts:
         threads = self.target.n_threads
         cache_key = calibration.key(self.target, threads, self.cost_n_max)
         costs = calibration.load(cache_key) if use_cache else None
+        if costs is not None and not costs.slope_s and self._room_for_slopes(0):
+            costs = None  # one context's seconds (a window that was full then): measured again
         source = "cache"
         if costs is None:
             measured = self._measure_costs(should_stop if self.costs is not None else None, progress)
@@ -57,13 +59,30 @@ class EngineCosts:
         assert self.costs is not None
         return self.costs
 
+    def _room_for_slopes(self, keep: int) -> bool:
+        """Whether the window has room for the calibration's second context after `keep` tokens."""
+        return self.target.n_ctx - self.cost_n_max - 1 - max(keep, 8) >= MIN_SPAN
+
     def _measure_costs(self, should_stop=None, progress=None) -> tuple[BatchCosts, bool] | None:
         """c(n) measured now after the cached prompt and again a span of context later, and
         whether other programs left the cores idle meanwhile (only then is it worth caching);
-        None when should_stop() ended it."""
+        None when should_stop() ended it. When the cached prompt leaves no room for the second
+        context (a long conversation), the cells are set aside and the costs measured from a
+        short context instead, so that they come with their slopes; the cells come back after."""
         meter = LoadMeter()
-        costs = measure_context_costs(self.target, self.cost_n_max, keep=len(self.target.memory.tokens) or None,
-                                      should_stop=should_stop, progress=progress)
+        target = self.target
+        keep = len(target.memory.tokens)
+        aside = None
+        if keep and not self._room_for_slopes(keep) and self._room_for_slopes(0):
+            aside = (kv.seq_state(target.ctx), list(target.memory.tokens))
+        try:
+            costs = measure_context_costs(target, self.cost_n_max, keep=None if aside else keep or None,
+                                          should_stop=should_stop, progress=progress)
+        finally:
+            if aside is not None:
+                target.memory.clear()
+                if kv.load_seq_state(target.ctx, aside[0]):
+                    target.memory.tokens.extend(aside[1])
         if costs is None:
             return None
         load = meter.sample()

@@ -11,8 +11,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from edge_eagle import EdgeEagle, calibration, engine_costs
-from edge_eagle.costs import BatchCosts, measure_batch_costs, measure_context_costs
+from edge_eagle import EdgeEagle, calibration, engine_costs, kv
+from edge_eagle.costs import MIN_SPAN, BatchCosts, measure_batch_costs, measure_context_costs
 from edge_eagle.server import create_app
 from edge_eagle.threads import LoadMeter
 
@@ -181,6 +181,35 @@ def test_an_entry_without_context_slopes_is_measured_again(tiny_target, cache):
         ee.calibrate()
         assert ee.calibration["source"] == "measured"
         assert calibration.load(key) is not None
+
+
+def test_a_one_context_entry_is_measured_again_where_the_window_has_room(tiny_target, cache):
+    """An entry measured when the cached prompt filled the window holds no slopes: an engine
+    whose window has room measures again; one whose window never has room uses it."""
+    for n_ctx, source in ((512, "measured"), (128, "cache")):
+        with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=n_ctx) as ee:
+            key = calibration.key(ee.target, 1, ee.cost_n_max)
+            calibration.store(key, BatchCosts({n: 0.01 * n for n in range(1, ee.cost_n_max + 1)}, n_ctx - 20))
+            ee.calibrate()
+            assert ee.calibration["source"] == source, n_ctx
+            assert bool(ee.costs.slope_s) == (source == "measured")
+
+
+def test_a_full_window_sets_the_cached_prompt_aside_to_measure_the_slopes(tiny_target, cache):
+    """A cached prompt that leaves no room for the second context: the costs are measured from
+    a short context, with their slopes, and the cells come back bit for bit (the next request
+    reads only its new tokens and answers as before)."""
+    with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=512) as ee:
+        ids = ee.target.tokenize("one two three four five six seven eight nine ten " * 40)[:420]
+        first = ee.generate(ids, max_tokens=4, k=0).result().tokens
+        held = list(ee.target.memory.tokens)
+        assert ee.target.n_ctx - ee.cost_n_max - 1 - len(held) < MIN_SPAN
+        cells = kv.seq_state(ee.target.ctx)
+        costs = ee.calibrate(use_cache=False)
+        assert costs.ref_context == 8 and sorted(costs.slope_s) == list(range(1, ee.cost_n_max + 1))
+        assert ee.target.memory.tokens == held and kv.seq_state(ee.target.ctx) == cells
+        again = ee.generate(ids, max_tokens=4, k=0).result()
+        assert again.stats.prompt_cached == len(ids) - 1 and again.tokens == first
 
 
 def test_costs_are_measured_at_two_contexts_and_the_cached_prompt_stays(tiny_target):
