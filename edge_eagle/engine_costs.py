@@ -11,6 +11,10 @@ from . import calibration, kv
 from .costs import CONTEXT_SPAN, MIN_SPAN, BatchCosts, CostModel, measure_context_costs
 from .threads import LoadMeter, decide
 
+#: the most KV state (bytes) a calibration sets aside to measure its slopes from a short context;
+#: a larger cache (a big model's long conversation) is measured after it, in one context
+ASIDE_MAX_BYTES = 256 << 20
+
 
 class EngineCosts:
     """Needs target, drafter, attention_switches, threads, governor, controller, costs,
@@ -67,13 +71,15 @@ class EngineCosts:
         """c(n) measured now after the cached prompt and again a span of context later, and
         whether other programs left the cores idle meanwhile (only then is it worth caching);
         None when should_stop() ended it. When the cached prompt leaves no room for the second
-        context (a long conversation), the cells are set aside and the costs measured from a
-        short context instead, so that they come with their slopes; the cells come back after."""
+        context (a long conversation), the cells are set aside (up to ASIDE_MAX_BYTES of them)
+        and the costs measured from a short context instead, so that they come with their
+        slopes; the cells come back after."""
         meter = LoadMeter()
         target = self.target
         keep = len(target.memory.tokens)
         aside = None
-        if keep and not self._room_for_slopes(keep) and self._room_for_slopes(0):
+        if (keep and not self._room_for_slopes(keep) and self._room_for_slopes(0)
+                and kv.seq_state_size(target.ctx) <= ASIDE_MAX_BYTES):
             aside = (kv.seq_state(target.ctx), list(target.memory.tokens))
         try:
             costs = measure_context_costs(target, self.cost_n_max, keep=None if aside else keep or None,

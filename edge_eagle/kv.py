@@ -147,6 +147,11 @@ def _relayout_v(data: memoryview, v_trans: bool) -> bytearray:
     return out
 
 
+def seq_state_size(ctx: Any, seq: int = 0) -> int:
+    """Bytes of sequence `seq`'s state data (seq_state)."""
+    return int(C.llama_state_seq_get_size(ctx, seq))
+
+
 def seq_state(ctx: Any, seq: int = 0) -> bytearray:
     """Sequence `seq`'s KV cells as llama.cpp's state data (empty when it holds none), written
     straight into the one buffer returned: for a large cache, every copy is its size again."""

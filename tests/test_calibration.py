@@ -195,10 +195,11 @@ def test_a_one_context_entry_is_measured_again_where_the_window_has_room(tiny_ta
             assert bool(ee.costs.slope_s) == (source == "measured")
 
 
-def test_a_full_window_sets_the_cached_prompt_aside_to_measure_the_slopes(tiny_target, cache):
+def test_a_full_window_sets_the_cached_prompt_aside_to_measure_the_slopes(tiny_target, cache, monkeypatch):
     """A cached prompt that leaves no room for the second context: the costs are measured from
     a short context, with their slopes, and the cells come back bit for bit (the next request
-    reads only its new tokens and answers as before)."""
+    reads only its new tokens and answers as before). Cells beyond ASIDE_MAX_BYTES stay where
+    they are, and the costs are measured after them, in one context."""
     with EdgeEagle(tiny_target, None, n_threads=1, n_ctx=512) as ee:
         ids = ee.target.tokenize("one two three four five six seven eight nine ten " * 40)[:420]
         first = ee.generate(ids, max_tokens=4, k=0).result().tokens
@@ -210,6 +211,10 @@ def test_a_full_window_sets_the_cached_prompt_aside_to_measure_the_slopes(tiny_t
         assert ee.target.memory.tokens == held and kv.seq_state(ee.target.ctx) == cells
         again = ee.generate(ids, max_tokens=4, k=0).result()
         assert again.stats.prompt_cached == len(ids) - 1 and again.tokens == first
+        monkeypatch.setattr(engine_costs, "ASIDE_MAX_BYTES", kv.seq_state_size(ee.target.ctx) - 1)
+        held = list(ee.target.memory.tokens)
+        one = ee.calibrate(use_cache=False)
+        assert one.ref_context == len(held) and not one.slope_s and ee.target.memory.tokens == held
 
 
 def test_costs_are_measured_at_two_contexts_and_the_cached_prompt_stays(tiny_target):
