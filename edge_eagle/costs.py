@@ -29,6 +29,12 @@ MEMORY_BOUND_MAX_N = 8  # the projection: a batch of up to 8 tokens costs one st
 DEFAULT_D = 0.2  # drafter step cost assumed before any is measured
 CONTEXT_SPAN = 1024  # the calibration's second context: this many tokens after the first
 MIN_SPAN = 128  # a window with less room than this after the first context measures one context only
+FRESH_CONTEXT = 8  # tokens of padding the costs are measured after when no prompt is cached
+
+
+def context_room(target: Any, n_max: int, keep: int) -> int:
+    """Tokens of the window left for the calibration's second context after `keep` tokens."""
+    return target.n_ctx - n_max - 1 - keep
 
 
 def relative_cost(verify_s: Mapping[int, float], n: int) -> float:
@@ -231,8 +237,8 @@ def measure_batch_costs(target: Any, n_max: int, reps: int = 3, *, keep: int | N
     fresh = keep is None
     if keep is None:
         target.memory.clear()
-        target.decode([pad] * 8, 0, "last")  # some context
-        keep = 8
+        target.decode([pad] * FRESH_CONTEXT, 0, "last")  # some context
+        keep = FRESH_CONTEXT
     keep = min(keep, target.n_ctx - n_max - 1)
     if keep < 0:
         return None
@@ -272,9 +278,9 @@ def measure_context_costs(target: Any, n_max: int, reps: int = 3, *, keep: int |
     fresh = keep is None
     if keep is None:
         target.memory.clear()
-        target.decode([_pad(target)] * 8, 0, "last")
-        keep = 8
-    room = min(span, target.n_ctx - n_max - 1 - keep)
+        target.decode([_pad(target)] * FRESH_CONTEXT, 0, "last")
+        keep = FRESH_CONTEXT
+    room = min(span, context_room(target, n_max, keep))
     phases = 2 if room >= MIN_SPAN else 1
     total = phases * reps * n_max
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import calibration, kv
-from .costs import CONTEXT_SPAN, MIN_SPAN, BatchCosts, CostModel, measure_context_costs
+from .costs import CONTEXT_SPAN, FRESH_CONTEXT, MIN_SPAN, BatchCosts, CostModel, context_room, measure_context_costs
 from .threads import LoadMeter, decide
 
 #: the most KV state (bytes) a calibration sets aside to measure its slopes from a short context;
@@ -65,7 +65,7 @@ class EngineCosts:
 
     def _room_for_slopes(self, keep: int) -> bool:
         """Whether the window has room for the calibration's second context after `keep` tokens."""
-        return self.target.n_ctx - self.cost_n_max - 1 - max(keep, 8) >= MIN_SPAN
+        return context_room(self.target, self.cost_n_max, max(keep, FRESH_CONTEXT)) >= MIN_SPAN
 
     def _measure_costs(self, should_stop=None, progress=None) -> tuple[BatchCosts, bool] | None:
         """c(n) measured now after the cached prompt and again a span of context later, and

@@ -155,7 +155,7 @@ def seq_state_size(ctx: Any, seq: int = 0) -> int:
 def seq_state(ctx: Any, seq: int = 0) -> bytearray:
     """Sequence `seq`'s KV cells as llama.cpp's state data (empty when it holds none), written
     straight into the one buffer returned: for a large cache, every copy is its size again."""
-    size = C.llama_state_seq_get_size(ctx, seq)
+    size = seq_state_size(ctx, seq)
     data = bytearray(size)
     view = (ctypes.c_uint8 * size).from_buffer(data)
     got = C.llama_state_seq_get_data(ctx, view, size, seq)

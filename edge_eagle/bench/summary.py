@@ -47,8 +47,9 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
     # the prompts on which every runner wrote plain decoding's text: there all did the same work,
     # so their speeds compare paired (where a runner's greedy text took the other side of a
     # near-tie, it decodes another text from there on, which may copy more or less)
-    same = [all(greedy_equal(results[r.name][i], p, o.max_tokens) for r in bench.runners)
-            for i, p in enumerate(plain)]
+    equal = {r.name: [greedy_equal(x, p, o.max_tokens) for x, p in zip(results[r.name], plain)]
+             for r in bench.runners}
+    same = [all(col) for col in zip(*equal.values())]
     for r in bench.runners:
         rs = results[r.name]
         gen = sum(x.generated for x in rs)
@@ -84,7 +85,7 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
                           "proposers": dict(t.proposers)})
         rss = peak.get(r.name) or max((x.peak_rss or 0 for x in rs), default=0)
         entry["peak_rss_mb"] = round(rss / 2**20, 1) if rss else None
-        eq = sum(greedy_equal(x, p, o.max_tokens) for x, p in zip(rs, plain))
+        eq = sum(equal[r.name])
         div = (divergences or {}).get(r.name, [])
         near = sum(d["top2_gap"] <= noise for d in div)
         entry["greedy_equals_plain"] = {"equal": eq, "prompts": len(rs), "ok": eq == len(rs),
