@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -8,7 +10,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the tests' batch-cost calibrations go to a file of their own, not the user's cache
-os.environ["EDGE_EAGLE_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ee-calib-")) / "calibration.json")
+_CALIBRATION_DIR = tempfile.mkdtemp(prefix="ee-calib-")
+atexit.register(shutil.rmtree, _CALIBRATION_DIR, ignore_errors=True)
+os.environ["EDGE_EAGLE_CALIBRATION"] = str(Path(_CALIBRATION_DIR) / "calibration.json")
 
 import json  # noqa: E402
 
