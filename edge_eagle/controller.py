@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .costs import CostModel, predicted_speedup
-from .policy import CHAIN, LOOKUP, PLAIN, TREE, DraftPolicy, Plan
+from .policy import CHAIN, LOOKUP, PLAIN, PLAIN_PLAN, TREE, DraftPolicy, Plan
 from .proposal import Proposal
 from .suffix import Match, SuffixDraft, SuffixIndex
 
@@ -70,6 +70,8 @@ class AcceptanceModel:
     borrow: bool = True
     hits: list[float] = field(default_factory=list)
     seen: list[float] = field(default_factory=list)
+    #: every position's rate, kept until the next observation (the controller reads them each cycle)
+    _rates: list[float] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.hits = [0.0] * self.k_max
@@ -80,22 +82,32 @@ class AcceptanceModel:
         for i in range(min(drafted, accepted + 1, self.k_max)):
             self.hits[i] = (1 - self.alpha) * self.hits[i] + (1.0 if i < accepted else 0.0)
             self.seen[i] = (1 - self.alpha) * self.seen[i] + 1.0
+        self._rates = None
 
-    def rate(self, i: int) -> float:
-        """Position i's rate; a position never drafted yet borrows the deepest observed one's,
-        so a drafter that is always right is allowed to draft deeper."""
+    def _rate(self, i: int) -> float:
         while self.borrow and i > 0 and not self.seen[i]:
             i -= 1
         return (self.hits[i] + self.prior * self.prior_weight) / (self.seen[i] + self.prior_weight)
 
+    def _table(self) -> list[float]:
+        rates = self._rates
+        if rates is None:
+            rates = self._rates = [self._rate(i) for i in range(self.k_max)]
+        return rates
+
+    def rate(self, i: int) -> float:
+        """Position i's rate; a position never drafted yet borrows the deepest observed one's,
+        so a drafter that is always right is allowed to draft deeper."""
+        return self._table()[i]
+
     @property
     def rates(self) -> list[float]:
-        return [self.rate(i) for i in range(self.k_max)]
+        return list(self._table())
 
     def expected_tokens(self, k: int) -> float:
         total, reach = 1.0, 1.0
-        for i in range(k):
-            reach *= self.rate(i)
+        for r in self._table()[:k]:
+            reach *= r
             total += reach
         return total
 
@@ -139,7 +151,7 @@ class KController(DraftPolicy):
     #: (N, predicted speedup, cost) per tree budget, re-costed when choose() re-evaluates the chain
     #: (new evidence, a new context step, every reeval_every cycles) or a tree cycle reports
     _trees: list[tuple[int, float, float]] | None = None
-    _last: Plan = field(default_factory=Plan)
+    _last: Plan = PLAIN_PLAN
     #: predicted / observed cycle time of recent speculative cycles (median; capped at 1): the
     #: cost model's honesty. Speculative gains are multiplied by it, so drafts whose costs were
     #: believed too low lose to plain decoding within a few cycles
@@ -223,7 +235,7 @@ class KController(DraftPolicy):
         assert self.acceptance is not None
         self.costs.observe_verify(verify_tokens, verify_s)
         kind, last = self._last.kind, self._last
-        self._last = Plan()
+        self._last = PLAIN_PLAN
         catch_up = self._last_first  # the drafter also ran the prompt's rows: drafting time unknown
         if drafted and kind != PLAIN and not (catch_up and kind in (CHAIN, TREE)):
             self._observe_cost(self._last_cost, verify_s + draft_s)
@@ -296,20 +308,23 @@ class KController(DraftPolicy):
                                                               for i in keep))
         return sub, best_s, best_m
 
-    def _lookup_bound(self, n: int, history: bool = False) -> float:
+    def _lookup_bound(self, n: int, history: bool = False, occurrences: int | None = None) -> float:
         """An upper bound of _best_suffix's speedup for any tree a match of length n can give: a
         node at depth d is worth at most the path model's reach there (its share of its first
-        sibling is at most 1), and a tree of lookup_paths leaves has at most that many nodes a depth."""
-        model = self._lookup_model(n, history)
-        paths = max(1, self.lookup_paths)
+        sibling is at most 1), and a tree of lookup_paths leaves has at most that many nodes a
+        depth; nor more leaves than the match has occurrences (each continues one way)."""
+        rates = self._lookup_model(n, history)._table()
+        paths = max(1, min(self.lookup_paths, occurrences or self.lookup_paths))
         nodes = min(self.lookup_nodes, paths * self.lookup_max)
         c = self.costs.c_table(nodes + 1)
         best, expected, reach = 0.0, 1.0, 1.0
         for m in range(1, nodes + 1):
             if (m - 1) % paths == 0:
-                reach *= model.rate((m - 1) // paths)
+                reach *= rates[(m - 1) // paths]
             expected += reach
-            best = max(best, expected / c[m + 1])
+            s = expected / c[m + 1]
+            if s > best:
+                best = s
         return best
 
     def tree_speedup(self, n: int) -> float:
@@ -351,7 +366,7 @@ class KController(DraftPolicy):
         k = self.choose()
         self._last_first, self._first = self._first, False
         trust = self.trust
-        best, gain = (Plan(CHAIN, k), self.speedup(k) * trust) if k else (Plan(), 1.0)
+        best, gain = (Plan.of(k), self.speedup(k) * trust) if k else (PLAIN_PLAN, 1.0)
         cost = self.costs.cost(k) if k else 0.0
         if self._probing:
             gain = 1.0 + self.margin  # a probe runs unless another proposer predicts a real gain
@@ -365,7 +380,7 @@ class KController(DraftPolicy):
             # from it can win, the tree is not built (the shadow needs only the match)
             n, history = min(match.n, cap), match.from_history
             if (match.n == self.lookup.max_ngram
-                    or self._lookup_bound(n, history) * trust > max(gain, 1.0 + self.margin)):
+                    or self._lookup_bound(n, history, len(match.occ)) * trust > max(gain, 1.0 + self.margin)):
                 found = self.lookup.tree(match, self.lookup_max, self.lookup_nodes, self.lookup_paths)
                 n = min(found.n, cap)  # a longest-length match was extended backwards
                 if len(found.proposal):

@@ -85,6 +85,13 @@ def seconds_at(verify_s: Mapping[int, float], slope_s: Mapping[int, float], ref:
     return out
 
 
+def _median(values: Any) -> float:
+    """statistics.median's value, without its overhead (the cost model takes one per cycle)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def memory_bound_cost(n: int) -> float:
     """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (the knee), then
     growing in proportion (a batch of 2 x MEMORY_BOUND_MAX_N costs two steps): a pessimistic
@@ -135,6 +142,7 @@ class CostModel:
     context: int = 0  # tokens before the next batch (KController.plan sets it each cycle)
     _seen: dict[int, deque] = field(default_factory=dict)
     _at: tuple[int, dict[int, float], dict[int, float]] | None = None  # (context, its verify_s, seconds there)
+    _table: list[float] | None = None  # relative_costs of _at's seconds (c_table)
 
     def __post_init__(self) -> None:
         if self.calibrated_one is None:
@@ -162,6 +170,7 @@ class CostModel:
         at = self._at
         if at is None or at[0] != self.context or at[1] is not self.verify_s:
             at = self._at = (self.context, self.verify_s, self.seconds_at(self.context))
+            self._table = None
         return at[2]
 
     def step_s(self) -> float | None:
@@ -169,18 +178,22 @@ class CostModel:
         return self._here().get(1)
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        if self.slope_s and self.context != self.ref_context:  # back to the reference context
-            here, ref = self._here().get(n), self.verify_s.get(n)
-            if here and ref:
+        ref = self.verify_s.get(n)
+        if self.slope_s and self.context != self.ref_context and ref:  # back to the reference context
+            here = seconds_at({n: ref}, self.slope_s, self.ref_context, self.context)[n] if n in self.slope_s \
+                else self._here().get(n)
+            if here:
                 seconds *= ref / here
         seen = self._seen.get(n)
         if seen is None:
             seen = self._seen[n] = deque(maxlen=2 * self.window - 1 if n == 1 else self.window)
-            if n in self.verify_s:
-                seen.append(self.verify_s[n])  # the calibration counts as one observation
+            if ref is not None:
+                seen.append(ref)  # the calibration counts as one observation
         seen.append(seconds)
-        self.verify_s[n] = statistics.median(seen)
-        self._at = None  # the seconds at the context moved
+        median = _median(seen)
+        if median != ref:
+            self.verify_s[n] = median
+            self._at = None  # the seconds at the context moved
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps <= 0:
@@ -198,13 +211,22 @@ class CostModel:
         ratio = self.verify_s[1] / base
         return ratio > self.shift or ratio < 1 / self.shift
 
+    def _relative(self, n_max: int) -> list[float]:
+        """relative_costs at the current context, up to n_max at least; kept while the seconds
+        there do not change (the controller asks on most cycles)."""
+        here = self._here()
+        table = self._table
+        if table is None or len(table) <= n_max:
+            table = self._table = relative_costs(here, max(n_max, 16))
+        return table
+
     def c(self, n: int) -> float:
         """c(n) at the current context."""
-        return relative_cost(self._here(), n)
+        return self._relative(n)[n]
 
     def c_table(self, n_max: int) -> list[float]:
         """[c(0), c(1), ..., c(n_max)] at the current context (c(0) is unused)."""
-        return relative_costs(self._here(), n_max)
+        return self._relative(n_max)[: n_max + 1]
 
     def d(self) -> float:
         one = self.step_s()

@@ -19,7 +19,7 @@ PLAIN, CHAIN, TREE, LOOKUP = "plain", "chain", "tree", "lookup"
 TREE_DEPTH = 6  # default depth limit of a draft tree
 
 
-_CHAINS: dict = {}  # draft length -> its Plan (Plan.of)
+_CHAINS: dict = {}  # draft length -> its Plan (Plan.of); 0 -> PLAIN_PLAN
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class Plan:
     def drafts(self) -> bool:
         """Whether this cycle asks the drafter (not plain decoding or a lookup)."""
         return self.kind in (CHAIN, TREE) and self.n > 0
+
+
+PLAIN_PLAN = Plan.of(0)  # plain decoding's plan: one immutable value for every cycle
 
 
 class DraftPolicy:

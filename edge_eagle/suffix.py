@@ -75,6 +75,7 @@ class Match:
 
 
 NGRAMS = (1, 2, 3, 4, 6, 8)  # the suffix lengths indexed; a match is then extended token by token
+_LONGEST_FIRST = tuple(reversed(NGRAMS))
 _SHIFT = 1 << 32  # an occurrence is one int: text id * _SHIFT + end position
 
 
@@ -110,19 +111,28 @@ class SuffixIndex:
                 yield j, hash(window[-n:])
 
     def _add(self, text_id: int, text: array, start: int, end: int) -> None:
-        """Index the n-grams of text ending at start..end-1."""
+        """Index the n-grams of text ending at start..end-1 (_keys' keys, inlined: the live text
+        adds one token a cycle, and this runs on every cycle)."""
         index, cap = self._index, self.max_occurrences
         base = text_id * _SHIFT
-        for j, key in self._keys(text, start, end):
-            old = index.get(key)
-            if old is None:
-                index[key] = base + j
-            elif isinstance(old, int):
-                index[key] = [base + j, old]
-            else:
-                old.insert(0, base + j)
-                if len(old) > cap:
-                    old.pop()
+        top = NGRAMS[-1]
+        for j in range(start, end):
+            window = tuple(text[max(0, j - top + 1):j + 1])
+            size = len(window)
+            packed = base + j
+            for n in NGRAMS:
+                if n > size:
+                    break
+                key = hash(window[-n:])
+                old = index.get(key)
+                if old is None:
+                    index[key] = packed
+                elif isinstance(old, int):
+                    index[key] = [packed, old]
+                else:
+                    old.insert(0, packed)
+                    if len(old) > cap:
+                        old.pop()
 
     def _remove(self, text_id: int, text: array) -> None:
         index = self._index
@@ -149,10 +159,11 @@ class SuffixIndex:
         starts a new live text, the old one going to the history."""
         live = self._texts[self._live_id]
         n_old = len(live)
-        if n_old and (len(tokens) < n_old or any(tokens[i] != live[i] for i in (0, n_old // 2, n_old - 1))):
+        if n_old and (len(tokens) < n_old or tokens[0] != live[0] or tokens[n_old // 2] != live[n_old // 2]
+                      or tokens[n_old - 1] != live[n_old - 1]):
             self.finish()
             live, n_old = self._texts[self._live_id], 0
-        live.extend(int(t) for t in tokens[n_old:])
+        live.extend(tokens[n_old:])
         end = len(live) - 1
         if end > self._live_indexed:
             self._add(self._live_id, live, self._live_indexed, end)
@@ -195,7 +206,7 @@ class SuffixIndex:
         if found is None:
             return []
         n, out = len(key), []
-        for packed in ([found] if isinstance(found, int) else found):
+        for packed in ((found,) if isinstance(found, int) else found):
             text_id, end = divmod(packed, _SHIFT)
             text = self._texts.get(text_id)
             if text is not None and end >= n - 1 and tuple(text[end - n + 1:end + 1]) == key:
@@ -210,9 +221,10 @@ class SuffixIndex:
         self.observe(tokens)
         live = self._texts[self._live_id]
         size = len(live)
-        for n in reversed(NGRAMS):
+        tail = tuple(live[max(0, size - self.max_ngram):])
+        for n in _LONGEST_FIRST:
             if n <= size:
-                occ = self._occurrences(tuple(live[size - n:]))
+                occ = self._occurrences(tail[-n:])
                 if occ:
                     return Match(n, tuple(occ), size, self._live_id)
         return None
