@@ -42,6 +42,9 @@ class FeatureCapture:
     def set(self, layer_ids: Sequence[int]) -> None:
         """Capture the inputs of these layers on every later decode (empty: capture nothing)."""
         layer_ids = tuple(int(i) for i in layer_ids)
+        if layer_ids == self.layers:
+            self._captured = {}
+            return  # unchanged: a change makes llama.cpp build the graph again (ms)
         for lid in layer_ids:
             if not 0 <= lid < self.n_layer:
                 raise EdgeEagleError(f"Layer {lid} is outside the target's {self.n_layer} layers; "

@@ -46,14 +46,19 @@ def reuse_prefix(target: Target, drafter: Drafter, prompt: Sequence[int]) -> int
 
 
 class FeatureSwitch:
-    """Captures the target's features (a few % per token) only when a draft may come soon; after a
-    pause the drafter restarts from the rows captured since."""
+    """Captures the target's features only when a draft may come soon; after a pause the drafter
+    restarts from the rows captured since. Each switch makes llama.cpp build the target's graph
+    again on the next decode (about 3 ms there on a 2-core EPYC with SmolLM2-135M, while capturing
+    itself costs little), so a request starts in the state its first cycles need (soon: the policy
+    may draft soon), and the prompt's prefill captures only then."""
 
-    def __init__(self, target: Target, drafter: Drafter):
+    def __init__(self, target: Target, drafter: Drafter, soon: bool = True):
         self.target, self.drafter = target, drafter
         self.wanted = drafter.needs_features
-        self.on = self.wanted
-        target.set_capture(drafter.target_layers if self.wanted else ())
+        self.on = self.wanted and soon
+        target.set_capture(drafter.target_layers if self.on else ())
+        if self.wanted and not self.on:
+            drafter.reset()  # no rows for this prompt: a later switch starts the drafter afresh
 
     def switch(self, plan: Plan) -> Plan:
         """Switch capture on or off, as this cycle's plan needs (the loop asks only when it must
@@ -77,10 +82,10 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     governor (threads.py) sees each cycle's target time; on_rows(logits) receives, before each
     yield, the target's logits for the tokens it yields (one row each)."""
     start = reuse_prefix(target, drafter, prompt)
-    capture = FeatureSwitch(target, drafter)
+    policy.begin()
+    capture = FeatureSwitch(target, drafter, policy.features_needed_soon())
     strategy = cycles.choose(target, drafter, sampler, p_min, tree_depth, on_rows)
     trees = drafter.supports_trees and target.tree_paths > 0
-    policy.begin()
     if governor is not None:
         governor.begin()
 
@@ -93,7 +98,7 @@ def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], *, max_to
     stats.prompt_tokens = len(prompt)
     stats.prompt_cached = start
     t_start = perf_counter()
-    if drafter.needs_features:
+    if capture.on:
         drafter.ingest(res.require_features(), start, prompt[start:])
     stats.t_draft += perf_counter() - t_start
     stats.t_total = perf_counter() - t_start

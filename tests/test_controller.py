@@ -111,6 +111,37 @@ def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target
         assert offs >= 3 and any(s for s in switches[1:]), switches  # off between probes, on before them
 
 
+def test_a_request_starts_capturing_only_when_a_draft_may_come_soon(tiny_target, tiny_drafters):
+    """Each switch of the capture makes llama.cpp build the target's graph again (milliseconds),
+    so a request whose first cycles decode plainly prefills without capturing and switches
+    nothing; one whose probe is due within the idle window captures from its prefill on. Both
+    stay exactly plain decoding."""
+    with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto", n_threads=2) as ee:
+        plain = ee.generate("Once upon a time", max_tokens=40, speculative=False).result().tokens
+        ctl = ee.auto_controller()
+        ctl.acceptance = AcceptanceModel(ee.k_max, prior=0.0)  # drafts look worthless: plain decoding
+        ctl.lookup = None
+        ctl.probe_every = ctl.probe_max = 10_000
+        layers = tuple(ee.drafter.target_layers)
+        at_prefill: list[tuple[int, ...]] = []  # what the prefill captured
+        switches: list[tuple[int, ...]] = []  # switches after the prefill
+        prefill, set_capture = ee.target.prefill, ee.target.set_capture
+
+        def recording_prefill(*args, **kwargs):
+            at_prefill.append(ee.target.capture.layers)
+            switches.clear()
+            return prefill(*args, **kwargs)
+
+        ee.target.prefill = recording_prefill
+        ee.target.set_capture = lambda ids: (switches.append(tuple(ids)), set_capture(ids))[1]
+        assert ee.generate("Once upon a time", max_tokens=40).result().tokens == plain
+        assert at_prefill == [()] and switches == []  # no switch on for the prefill and off again
+        ctl._plain_run = ctl.probe_gap - 3  # a probe is due on the third cycle
+        gen = ee.generate("Once upon a time", max_tokens=40).result()
+        assert gen.tokens == plain
+        assert at_prefill[-1] == layers and gen.stats.drafted >= 1  # captured from the prefill, then probed
+
+
 def test_rejected_probes_back_off_and_an_accepted_one_resets():
     c = KController(k_max=4, costs=_cpu_like_costs())
     c.acceptance = AcceptanceModel(4, prior=0.0)
