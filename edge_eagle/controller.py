@@ -15,11 +15,15 @@ Per cycle (plan()), the same comparison covers two more proposers:
   work). Its first-choice path's acceptance is modelled per match length n (1, 2, 3, 4-7, 8-15,
   16-31, 32: a long match means the text is being copied) and per source (this request's own
   text, or only earlier requests': a phrase another answer used is weaker evidence; a long match
-  into this request's text starts from a prior of 0.8, others from 0.5), counting at most one token before
-  this request's answer: every answer starts after the same chat-template tokens, so a match
+  into this request's text starts from a prior of 0.8, others from 0.5), counting at most one token
+  before this request's answer: every answer starts after the same chat-template tokens, so a match
   reaching back into them says nothing about copying (measured on the suffix index's drafts of
   plain decoding's answers, scripts/bench_suffix.py's policy replay: repeat 1.08x -> 1.12x,
-  MT-bench second turns 1.12x -> 1.14x, geometric means); a node off that path is worth its
+  MT-bench second turns 1.12x -> 1.14x, geometric means). It is modelled apart, too, where the
+  match's earlier occurrences disagree on the next token (split: where the text went on in
+  several ways, its first choice is a weaker guess; the same replay, geometric means: agent
+  sessions 1.437 -> 1.439, repeat 1.165 -> 1.179, MT-bench second turns 1.190 -> 1.220, first
+  turns 0.983 -> 0.996, HumanEval 1.095 -> 1.121). A node off that path is worth its
   parent's probability times the path model's rate at its depth times its share of the
   occurrences relative to its first-choice sibling. The m best nodes by that probability form
   the tree whose E/C is best (a chain when history never branched there). A short match (not
@@ -137,10 +141,10 @@ class KController(DraftPolicy):
     #: tree node budgets this controller may choose (empty: chains only)
     tree_sizes: tuple[int, ...] = ()
     tree_alpha: float = 0.1
-    #: (match-length bin, from the history) -> its acceptance model
-    _lookup_models: dict[tuple[int, bool], AcceptanceModel] = field(default_factory=dict)
-    #: the last plan's lookup in this request: (n, committed length, its match)
-    _shadow: tuple[int, int, Match] | None = None
+    #: (match-length bin, from the history, split) -> its acceptance model
+    _lookup_models: dict[tuple[int, bool, bool], AcceptanceModel] = field(default_factory=dict)
+    #: the last plan's lookup in this request: (n, committed length, its match, split)
+    _shadow: tuple[int, int, Match, bool] | None = None
     _answer_start: int | None = None  # this request's prompt length (its first plan's tokens)
     #: the next plan is the request's first: a draft then also runs the prompt's rows through the
     #: drafter, so its time says nothing of a draft step's (nor of the cost model's honesty)
@@ -261,12 +265,13 @@ class KController(DraftPolicy):
 
     # --- per-cycle proposer --------------------------------------------------------------------
 
-    def _lookup_model(self, n: int, history: bool = False) -> AcceptanceModel:
+    def _lookup_model(self, n: int, history: bool = False, split: bool = False) -> AcceptanceModel:
         """The model of matches of length n (in bins 1, 2, 3, 4-7, 8-15, ...) into this request's
         own text, or (history) only into earlier requests': a phrase another answer also used is
-        weaker evidence than text this request is copying, and each kind learns apart."""
+        weaker evidence than text this request is copying, and each kind learns apart; and apart
+        again where the match's occurrences went on in different ways (split)."""
         n = 1 << (max(1, n).bit_length() - 1) if n > 3 else n
-        key = (n, history)
+        key = (n, history, split)
         if key not in self._lookup_models:
             # a shadow lookup during plain decoding sees one position only. After a match of 4 or
             # more tokens (copying) deeper positions borrow its rate; after a short one they do
@@ -278,13 +283,14 @@ class KController(DraftPolicy):
                                                        borrow=n >= 4)
         return self._lookup_models[key]
 
-    def lookup_speedup(self, n: int, m: int, history: bool = False) -> float:
+    def lookup_speedup(self, n: int, m: int, history: bool = False, split: bool = False) -> float:
         """Predicted speedup of an m-token lookup draft found by an n-gram match (no drafter cost)."""
-        return predicted_speedup(self._lookup_model(n, history).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
+        return predicted_speedup(self._lookup_model(n, history, split).expected_tokens(m), m, self.costs.c(m + 1), 0.0)
 
-    def _best_suffix(self, draft: SuffixDraft, history: bool = False) -> tuple[Proposal, float, int]:
+    def _best_suffix(self, draft: SuffixDraft, history: bool = False,
+                     split: bool = False) -> tuple[Proposal, float, int]:
         """The suffix tree's best node set by predicted speedup: (its proposal, the speedup, m)."""
-        model = self._lookup_model(draft.n, history)
+        model = self._lookup_model(draft.n, history, split)
         tokens, parents, shares = draft.proposal.tokens, draft.proposal.parents, draft.shares
         prob: list[float] = []
         top: dict[int, float] = {}  # parent -> its first (largest-share) child's share
@@ -308,12 +314,13 @@ class KController(DraftPolicy):
                                                               for i in keep))
         return sub, best_s, best_m
 
-    def _lookup_bound(self, n: int, history: bool = False, occurrences: int | None = None) -> float:
+    def _lookup_bound(self, n: int, history: bool = False, occurrences: int | None = None,
+                      split: bool = False) -> float:
         """An upper bound of _best_suffix's speedup for any tree a match of length n can give: a
         node at depth d is worth at most the path model's reach there (its share of its first
         sibling is at most 1), and a tree of lookup_paths leaves has at most that many nodes a
         depth; nor more leaves than the match has occurrences (each continues one way)."""
-        rates = self._lookup_model(n, history)._table()
+        rates = self._lookup_model(n, history, split)._table()
         paths = max(1, min(self.lookup_paths, occurrences or self.lookup_paths))
         nodes = min(self.lookup_nodes, paths * self.lookup_max)
         c = self.costs.c_table(nodes + 1)
@@ -352,7 +359,7 @@ class KController(DraftPolicy):
             if self.costs.slope_s:
                 self._cached = None  # the best k moves with the context's costs
         if self._shadow is not None and len(tokens) > self._shadow[1]:  # score the last cycle's lookup
-            n, length, last_match = self._shadow                          # against what it committed
+            n, length, last_match, split = self._shadow                   # against what it committed
             new = list(tokens[length:])
             assert self.lookup is not None  # the lookup's first-choice path, as deep as the cycle committed
             draft = self.lookup.first_path(last_match, min(self.lookup_max, len(new)))
@@ -361,7 +368,7 @@ class KController(DraftPolicy):
             while hits < seen and draft[hits] == new[hits]:
                 hits += 1
             if seen:
-                self._lookup_model(n, last_match.from_history).observe(seen, hits)
+                self._lookup_model(n, last_match.from_history, split).observe(seen, hits)
         self._shadow = None
         k = self.choose()
         self._last_first, self._first = self._first, False
@@ -378,17 +385,17 @@ class KController(DraftPolicy):
             cap = len(tokens) - self._answer_start + 1  # the template before the answer is no copying
             # a short match is not extended, so its model is known before the tree: when no tree
             # from it can win, the tree is not built (the shadow needs only the match)
-            n, history = min(match.n, cap), match.from_history
+            n, history, split = min(match.n, cap), match.from_history, self.lookup.split(match)
             if (match.n == self.lookup.max_ngram
-                    or self._lookup_bound(n, history, len(match.occ)) * trust > max(gain, 1.0 + self.margin)):
+                    or self._lookup_bound(n, history, len(match.occ), split) * trust > max(gain, 1.0 + self.margin)):
                 found = self.lookup.tree(match, self.lookup_max, self.lookup_nodes, self.lookup_paths)
                 n = min(found.n, cap)  # a longest-length match was extended backwards
                 if len(found.proposal):
-                    proposal, s, m = self._best_suffix(SuffixDraft(n, found.proposal, found.shares), history)
+                    proposal, s, m = self._best_suffix(SuffixDraft(n, found.proposal, found.shares), history, split)
                     if s * trust > max(gain, 1.0 + self.margin):
                         best, gain = Plan(LOOKUP, m, proposal), s * trust
                         cost = self.costs.c(m + 1)
-            self._shadow = (n, len(tokens), match)
+            self._shadow = (n, len(tokens), match, split)
         if self._trees is None:
             self._trees = [(n, *self._tree_prediction(n)) for n in self.tree_sizes]
         for n, s, tree_cost in self._trees:

@@ -262,6 +262,25 @@ class SuffixIndex:
                     follow.append(text[pos])
             yield m, follow
 
+    def split(self, match: Match) -> bool:
+        """Whether `match`'s occurrences disagree on the next token (one occurrence agrees with
+        itself). Where earlier text went on in several ways, the first choice is a weaker guess
+        (policy replay of scripts/bench_suffix.py; see controller.py)."""
+        live, size = self._texts.get(match.live_id), match.size
+        first = -1
+        for text_id, end in match.occ:
+            text = self._texts.get(text_id)
+            if text is None or live is None:
+                continue
+            if end + 1 >= (size if text_id == match.live_id else len(text)):
+                continue  # nothing followed it yet
+            token = text[end + 1]
+            if first < 0:
+                first = token
+            elif token != first:
+                return True
+        return False
+
     def first_path(self, match: Match, depth: int) -> list[int]:
         """The first-choice path of `match`'s tree up to `depth` tokens, without the tree: at each
         depth the continuation with the most match-length weight (ties: the newest), among the
@@ -307,55 +326,7 @@ class SuffixIndex:
                     node_tok.append(tok)
                 weight[child] += w
                 node = child
-        return self._select(longest, children, weight, node_tok, max_nodes, max_paths)
-
-    @staticmethod
-    def _select(n: int, children: list[dict[int, int]], weight: list[float], node_tok: list[int],
-                max_nodes: int, max_paths: int) -> SuffixDraft:
-        """The best nodes by path probability (product of shares), a closed tree within the
-        budgets, laid out depth-first with each node's children by descending share."""
-        if not children[0] or max_nodes <= 0:
-            return SuffixDraft(n, EMPTY, ())
-        prob = {0: 1.0}
-        share: dict[int, float] = {}
-        frontier = [0]
-        candidates = []
-        while frontier:
-            node = frontier.pop()
-            for child in children[node].values():
-                share[child] = weight[child] / weight[node]
-                prob[child] = prob[node] * share[child]
-                candidates.append(child)
-                frontier.append(child)
-        candidates.sort(key=lambda c: -prob[c])
-        chosen: set[int] = set()
-        leaves = 0
-        parent_of = {c: p for p in range(len(children)) for c in children[p].values()}
-        for c in candidates:
-            if len(chosen) >= max_nodes:
-                break
-            p = parent_of[c]
-            if p != 0 and p not in chosen:
-                continue
-            # a child of a chosen leaf keeps the leaf count; any other new node adds a leaf
-            adds_leaf = p == 0 or any(x in chosen for x in children[p].values())
-            if adds_leaf and leaves >= max_paths:
-                continue
-            chosen.add(c)
-            leaves += adds_leaf
-        tokens: list[int] = []
-        parents: list[int] = []
-        shares: list[float] = []
-
-        def visit(node: int, parent_index: int) -> None:
-            for child in sorted((c for c in children[node].values() if c in chosen), key=lambda c: -weight[c]):
-                tokens.append(node_tok[child])
-                parents.append(parent_index)
-                shares.append(share[child])
-                visit(child, len(tokens) - 1)
-
-        visit(0, -1)
-        return SuffixDraft(n, Proposal(tuple(tokens), tuple(parents)), tuple(shares))
+        return _select(longest, children, weight, node_tok, max_nodes, max_paths)
 
     # --- figures ------------------------------------------------------------------------------
 
@@ -370,3 +341,51 @@ class SuffixIndex:
         return {"history_tokens": self._history_tokens, "live_tokens": len(self._texts[self._live_id]),
                 "texts": len(self._order), "keys": len(self._index), "entries": entries,
                 "approx_bytes": sys.getsizeof(self._index) + 32 * len(self._index) + value_bytes + text_bytes}
+
+
+def _select(n: int, children: list[dict[int, int]], weight: list[float], node_tok: list[int],
+            max_nodes: int, max_paths: int) -> SuffixDraft:
+    """The best nodes by path probability (product of shares), a closed tree within the
+    budgets, laid out depth-first with each node's children by descending share."""
+    if not children[0] or max_nodes <= 0:
+        return SuffixDraft(n, EMPTY, ())
+    prob = {0: 1.0}
+    share: dict[int, float] = {}
+    frontier = [0]
+    candidates = []
+    while frontier:
+        node = frontier.pop()
+        for child in children[node].values():
+            share[child] = weight[child] / weight[node]
+            prob[child] = prob[node] * share[child]
+            candidates.append(child)
+            frontier.append(child)
+    candidates.sort(key=lambda c: -prob[c])
+    chosen: set[int] = set()
+    leaves = 0
+    parent_of = {c: p for p in range(len(children)) for c in children[p].values()}
+    for c in candidates:
+        if len(chosen) >= max_nodes:
+            break
+        p = parent_of[c]
+        if p != 0 and p not in chosen:
+            continue
+        # a child of a chosen leaf keeps the leaf count; any other new node adds a leaf
+        adds_leaf = p == 0 or any(x in chosen for x in children[p].values())
+        if adds_leaf and leaves >= max_paths:
+            continue
+        chosen.add(c)
+        leaves += adds_leaf
+    tokens: list[int] = []
+    parents: list[int] = []
+    shares: list[float] = []
+
+    def visit(node: int, parent_index: int) -> None:
+        for child in sorted((c for c in children[node].values() if c in chosen), key=lambda c: -weight[c]):
+            tokens.append(node_tok[child])
+            parents.append(parent_index)
+            shares.append(share[child])
+            visit(child, len(tokens) - 1)
+
+    visit(0, -1)
+    return SuffixDraft(n, Proposal(tuple(tokens), tuple(parents)), tuple(shares))

@@ -273,6 +273,7 @@ def test_slow_token_choice_is_not_read_as_a_slower_target(tiny_target, trained_d
         monkeypatch.setattr(cycle, "verify", slow)
         gen = ee.generate("the cat sat on the", max_tokens=12, temperature=1.0, seed=1).result()
         assert len(policy.seen) == gen.stats.verify_steps >= 4
-        assert max(policy.seen) < pause / 2
-        assert len(governed) in (0, len(policy.seen)) and all(s < pause / 2 for s in governed)
+        # every cycle pays the pause; one cycle stalled by another program may still look slow
+        assert sum(s >= pause / 2 for s in policy.seen) <= 1
+        assert len(governed) in (0, len(policy.seen)) and sum(s >= pause / 2 for s in governed) <= 1
         assert gen.stats.t_verify >= pause * len(policy.seen)  # the stats still count the whole verification

@@ -432,3 +432,48 @@ def test_matches_into_this_requests_text_and_into_earlier_requests_learn_apart()
     ctl.plan(tokens)
     assert (ctl._lookup_model(3).seen[0], ctl._lookup_model(3).hits[0]) == (1.0, 1.0)
     assert ctl._lookup_model(3, history=True).seen[0] == 0.0
+
+
+def test_matches_whose_occurrences_went_on_in_different_ways_learn_apart():
+    """A match whose earlier occurrences disagree on the next token (split) is a weaker guess than
+    one whose occurrences agree: the two have their own models, scored with the split the match
+    had when it was found."""
+    from edge_eagle.suffix import SuffixIndex
+
+    ix = SuffixIndex()
+    ix.finish([5, 6, 7, 8, 40])
+    ix.finish([5, 6, 7, 8, 41])  # two earlier requests went on differently after 5 6 7 8
+    ix.finish([9, 10, 11, 12, 42])  # one went on after 9 10 11 12
+    ctl = KController(k_max=8, costs=CostModel(verify_s={n: 0.01 * n for n in range(1, 18)}), lookup=ix)
+    ctl.begin()
+    ctl.plan([1])  # the answer starts after this prompt token
+    tokens = [1, 5, 6, 7, 8]
+    assert ix.split(ix.match(tokens))
+    ctl.plan(tokens)
+    tokens += [40]
+    ctl.plan(tokens)
+    split = ctl._lookup_model(4, history=True, split=True)
+    assert (split.seen[0], split.hits[0]) == (1.0, 0.0)  # the newest occurrence's 41 came first: missed
+    assert ctl._lookup_model(4, history=True).seen[0] == 0.0
+    tokens += [9, 10, 11, 12]
+    assert not ix.split(ix.match(tokens))
+    ctl.plan(tokens)
+    tokens += [42]
+    ctl.plan(tokens)
+    agreed = ctl._lookup_model(4, history=True)
+    assert (agreed.seen[0], agreed.hits[0]) == (1.0, 1.0)
+    assert split.seen[0] == 1.0  # untouched by the agreeing match
+
+
+def test_a_match_is_split_only_where_what_followed_it_differs():
+    from edge_eagle.suffix import SuffixIndex
+
+    ix = SuffixIndex()
+    ix.finish([3, 4, 5, 9])
+    ix.finish([3, 4, 5, 9])
+    assert not ix.split(ix.match([3, 4, 5]))  # two occurrences, one continuation
+    ix.finish([3, 4, 5, 7])
+    assert ix.split(ix.match([3, 4, 5]))
+    live = SuffixIndex()
+    assert not live.split(live.match([1, 2, 1, 2]))  # the only earlier 1 2 is followed by 1
+    assert live.split(live.match([1, 2, 1, 2, 3, 1, 2]))  # 1 2 went on as 1, then as 3
