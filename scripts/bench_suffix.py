@@ -18,7 +18,8 @@
 3. Policy replay: the same answers after their first token (which the prompt's prefill gives, as
    in the live loop), decoded by `auto`'s controller choosing between plain steps
    and these lookups (no drafter), each cycle charged c(m + 1) for m drafted nodes at its
-   context: what the choice gains without knowing the outcome, beside the oracle; and the same
+   context: what the choice gains without knowing the outcome, beside the oracle (also as a
+   geometric mean, and the controller's own time per cycle with warm caches); and the same
    with a controller that believes the first context's c(n) everywhere (replay_flat_costs).
    Greedy verification commits the same answer whichever the choice, so the replay needs no
    decoding. Costs (c(n) and its growth with the context) are measured afresh.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import statistics
 import sys
 import time
 import tracemalloc
@@ -128,11 +130,14 @@ def oracle(pairs, costs: CostModel) -> list[float]:
     return ratios
 
 
-def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], int, int]:
+def replay(pairs, costs: CostModel, flat: bool = False,
+           clock: list[float] | None = None) -> tuple[list[float], int, int]:
     """`auto`'s choice between plain steps and suffix lookups on the recorded answers: (tokens per
     single-step cost per prompt, lookup cycles, cycles). Each cycle is charged c(n) at its
     context; flat: the controller believes the costs of the calibration's first context
-    everywhere (no slopes), as it did before costs followed the context."""
+    everywhere (no slopes), as it did before costs followed the context. clock: [seconds] the
+    controller's plan() and update() took in all (here, with warm caches: a live loop pays
+    more, right after llama.cpp's kernels)."""
     ix = SuffixIndex()
     model = CostModel(verify_s=dict(costs.verify_s)) if flat else copy.deepcopy(costs)
     ctl = KController(k_max=8, costs=model, lookup=ix, lookup_max=8,
@@ -146,7 +151,10 @@ def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], in
         # plans after it (where the answer starts for the controller's match-length cap)
         tokens, cost, t = 0, 0.0, min(1, len(out))
         while t < len(out):
-            plan = ctl.plan(ids + out[:t])
+            committed = ids + out[:t]
+            t0 = time.perf_counter()
+            plan = ctl.plan(committed)
+            spent = time.perf_counter() - t0
             cycles += 1
             m = len(plan.proposal) if plan.kind == LOOKUP else 0
             acc = min(_accepted(plan.proposal, out[t:]), len(out) - t - 1) if m else 0
@@ -155,7 +163,11 @@ def replay(pairs, costs: CostModel, flat: bool = False) -> tuple[list[float], in
             seconds = step * (truth.step_s() or 0.0)
             tokens, cost, t = tokens + acc + 1, cost + step, t + acc + 1
             lookups += bool(m)
+            t0 = time.perf_counter()
             ctl.update(m, acc, m + 1, seconds, 0.0)
+            spent += time.perf_counter() - t0
+            if clock is not None:
+                clock[0] += spent
         ix.finish(ids + out)
         ratios.append(tokens / cost if cost else 1.0)
     return ratios, lookups, cycles
@@ -233,7 +245,8 @@ def main() -> int:
     finally:
         bench.close()
     best = oracle(pairs, costs)
-    chosen, lookups, cycles = replay(pairs, costs)
+    clock = [0.0]
+    chosen, lookups, cycles = replay(pairs, costs, clock=clock)
     flat, flat_lookups, _ = replay(pairs, costs, flat=True)
     report = {"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
               "index": index, "c": {m: round(costs.c(m), 3) for m in range(1, 18)},
@@ -241,7 +254,9 @@ def main() -> int:
               "flash_attn": flash_attn,
               "slope_ms_per_1k_context": {m: round(costs.slope_s[m] * 1e6, 3) for m in sorted(costs.slope_s)},
               "prompt_tokens": spread([len(ids) for ids, _ in pairs]),
-              "replay": {**spread(chosen), "lookup_cycles": lookups, "cycles": cycles},
+              "replay": {**spread(chosen), "lookup_cycles": lookups, "cycles": cycles,
+                         "geometric_mean": round(statistics.geometric_mean(chosen), 4),
+                         "plan_us_per_cycle": round(clock[0] / max(1, cycles) * 1e6, 1)},
               "replay_flat_costs": {**spread(flat), "lookup_cycles": flat_lookups},
               "suffix_drafts_equal_plain": same}
     emit_report(report, args.json)
