@@ -211,7 +211,7 @@ class KController(DraftPolicy):
 
     def drafting_soon(self, within: int) -> bool:
         """Whether a draft (a speculative cycle or a probe) may come in the next `within`
-        cycles: the loop captures target features, which cost a few percent per token, only then."""
+        cycles: the loop captures target features (and feeds the drafter their rows) only then."""
         best = self._cached if self._cached is not None else self.best_k()
         return best > 0 or self._plain_run >= self.probe_gap - within
 

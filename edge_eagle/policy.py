@@ -2,8 +2,9 @@
 
 The loop calls every policy the same way (DraftPolicy): begin() when a request starts, plan()
 before each cycle with the committed tokens, update() after it with what the cycle did, and
-features_needed_soon() to decide whether the target's features (a few % per token to capture)
-must be captured now. A Plan is plain decoding, a chain of k drafts from the drafter, a tree of
+features_needed_soon() to decide whether the target's features must be captured now (feeding
+the drafter their rows costs per token, and each switch of the capture makes llama.cpp build
+the target's graph again). A Plan is plain decoding, a chain of k drafts from the drafter, a tree of
 N nodes, or a ready prompt-lookup draft. `Fixed(k)` always drafts a chain of k, `FixedTree(n)` a
 tree of n nodes; controller.KController picks per cycle from measured costs and acceptance.
 """

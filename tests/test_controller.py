@@ -92,7 +92,7 @@ def test_auto_mode_is_lossless_and_adapts(tiny_target):
 
 
 def test_auto_captures_features_only_near_a_draft_and_stays_lossless(tiny_target, tiny_drafters):
-    """While auto decodes plainly, target features (a few % per token) are captured only in
+    """While auto decodes plainly, target features are captured (and fed to the drafter) only in
     the idle window before the next probe; the drafter restarts there, and output stays
     exactly plain decoding."""
     with EdgeEagle(tiny_target, tiny_drafters["eagle3.1"][0], k="auto") as ee:
