@@ -85,13 +85,6 @@ def seconds_at(verify_s: Mapping[int, float], slope_s: Mapping[int, float], ref:
     return out
 
 
-def _median(values: Any) -> float:
-    """statistics.median's value, without its overhead (the cost model takes one per cycle)."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def memory_bound_cost(n: int) -> float:
     """c(n) on memory-bound hardware: one step up to MEMORY_BOUND_MAX_N tokens (the knee), then
     growing in proportion (a batch of 2 x MEMORY_BOUND_MAX_N costs two steps): a pessimistic
@@ -179,10 +172,9 @@ class CostModel:
 
     def observe_verify(self, n: int, seconds: float) -> None:
         ref = self.verify_s.get(n)
-        if self.slope_s and self.context != self.ref_context and ref:  # back to the reference context
-            here = seconds_at({n: ref}, self.slope_s, self.ref_context, self.context)[n] if n in self.slope_s \
-                else self._here().get(n)
-            if here:
+        if self.slope_s and self.context != self.ref_context:  # back to the reference context
+            here = self._here().get(n)
+            if here and ref:
                 seconds *= ref / here
         seen = self._seen.get(n)
         if seen is None:
@@ -190,7 +182,7 @@ class CostModel:
             if ref is not None:
                 seen.append(ref)  # the calibration counts as one observation
         seen.append(seconds)
-        median = _median(seen)
+        median = statistics.median(seen)
         if median != ref:
             self.verify_s[n] = median
             self._at = None  # the seconds at the context moved
