@@ -19,7 +19,7 @@ $(VENV)/.llama-$(CPU_KEY): | $(VENV)/bin/python
 	rm -f $(VENV)/.llama-*
 	touch $@
 
-$(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c Makefile | $(VENV)/.llama-$(CPU_KEY)
+$(VENV)/.installed: pyproject.toml setup.py edge_eagle/_fastpath.c edge_eagle/_suffix.c Makefile | $(VENV)/.llama-$(CPU_KEY)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[convert,test,peers,clients]"
 	$(PY) -m pip install --quiet --no-deps speculators==0.9.0 specforge==0.2.0

@@ -39,7 +39,7 @@ from .policy import DraftPolicy, Fixed, FixedTree
 from .sampling import Sampler, SamplingParams
 from .speculative import speculate
 from .stats import SpecStats
-from .suffix import SuffixIndex
+from .suffix import new_index
 from .target import Target
 from .threads import LoadMeter, ThreadDecision, ThreadGovernor, decide, usable_cores
 
@@ -329,7 +329,7 @@ class EdgeEagle(LlamaCompat, EngineCosts):
                  flash_attn: str | None = None):
         k = _check_k(k)
         #: suffix drafts' index: this engine's current request and, with history, earlier ones
-        self.suffix = SuffixIndex(max_tokens=history_tokens, history=history)
+        self.suffix = new_index(max_tokens=history_tokens, history=history)
         using_default_target = target is None
         target_path = defaults.default_target() if target is None else target
         meter = None if n_threads else LoadMeter()  # other programs' load, measured while the models load

@@ -24,6 +24,7 @@ request, since repeated text is drafted and verified faster; turn the history of
 
 from __future__ import annotations
 
+import os
 import sys
 from array import array
 from collections import deque
@@ -390,3 +391,83 @@ def _select(n: int, children: list[dict[int, int]], weight: list[float], node_to
 
     visit(0, -1)
     return SuffixDraft(n, Proposal(tuple(tokens), tuple(parents)), tuple(shares))
+
+
+class NativeSuffixIndex(SuffixIndex):
+    """The same index with its per-cycle work in C (edge_eagle/_suffix.c): indexing, the longest
+    earlier suffix, and what followed it. The draft tree's selection stays SuffixIndex's. Its
+    lookups equal SuffixIndex's (tests/test_suffix.py compares them on random texts), save where
+    two n-grams' hashes collide, which the two indexes hash differently."""
+
+    def __init__(self, max_occurrences: int = 8, extend_max: int = 32, max_tokens: int = 200_000,
+                 history: bool = True):
+        if max_tokens < 0:
+            raise EdgeEagleError(f"The history's cap must be 0 tokens or more, got {max_tokens}.")
+        if not 2 <= max_occurrences <= 64:
+            raise EdgeEagleError(f"The native suffix index keeps 2 to 64 occurrences an n-gram, got {max_occurrences}; "
+                                 "use SuffixIndex for other values.")
+        core = _core_module()
+        if core is None:
+            raise EdgeEagleError("The native suffix index is not built: reinstall edge-eagle with a C compiler, "
+                                 "or use SuffixIndex.")
+        self.max_ngram = NGRAMS[-1]
+        self.max_occurrences, self.extend_max, self.max_tokens = max_occurrences, extend_max, max_tokens
+        self._core = core.Index(NGRAMS, max_occurrences, extend_max, max_tokens, history, 1)
+
+    @property
+    def history(self) -> bool:
+        return bool(self._core.history)
+
+    @history.setter
+    def history(self, on: bool) -> None:
+        self._core.history = on
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        self._core.observe(tokens)
+
+    def finish(self, tokens: Sequence[int] | None = None, keep: bool = True) -> None:
+        self._core.finish(tokens, keep)
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def match(self, tokens: Sequence[int]) -> Match | None:
+        found = self._core.match(tokens)
+        return None if found is None else Match(*found)
+
+    def _continuations(self, match: Match, depth: int):
+        return self._core.continuations(match.n, match.occ, match.size, match.live_id, depth)
+
+    def split(self, match: Match) -> bool:
+        return bool(self._core.split(match.occ, match.size, match.live_id))
+
+    def first_path(self, match: Match, depth: int) -> list[int]:
+        return list(self._core.first_path(match.n, match.occ, match.size, match.live_id, depth))
+
+    def stats(self) -> dict[str, int]:
+        """As SuffixIndex.stats(); approx_bytes is what the C index allocated (its table at up to
+        70% load, the occurrence chunks, and the texts)."""
+        return dict(self._core.stats())
+
+
+def _core_module():
+    """edge_eagle._suffixcore, or None where it was not built (setup.py builds it when it can)."""
+    try:
+        from . import _suffixcore
+    except ImportError:
+        return None
+    return _suffixcore
+
+
+def native_available() -> bool:
+    """Whether the native suffix index is built and not turned off (EDGE_EAGLE_NATIVE_SUFFIX=0)."""
+    return os.environ.get("EDGE_EAGLE_NATIVE_SUFFIX", "1") != "0" and _core_module() is not None
+
+
+def new_index(max_occurrences: int = 8, extend_max: int = 32, max_tokens: int = 200_000,
+              history: bool = True) -> SuffixIndex:
+    """A suffix index: the native one where it is available (native_available()), else the Python
+    one; both propose the same drafts."""
+    if native_available() and 2 <= max_occurrences <= 64:
+        return NativeSuffixIndex(max_occurrences, extend_max, max_tokens, history)
+    return SuffixIndex(max_occurrences, extend_max, max_tokens, history)

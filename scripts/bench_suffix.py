@@ -4,10 +4,12 @@
     python scripts/bench_suffix.py [--prompts repeat] [--limit 12] [--every 1] [-n 128]
                                     [--index-tokens 100000] [--n-ctx 4096] [--json OUT]
 
-1. Index: prompts of the shipped sets and MT-bench, tokenized by the target, indexed as
-   requests until the history holds --index-tokens tokens; reported: indexing tokens/s, lookups/s
-   (a tree of up to 12 nodes, 4 paths, after each appended token, as `auto` asks), index keys and
-   entries, and bytes (tracemalloc's count of what the index allocated).
+1. Index, for each implementation (the Python SuffixIndex and, where it is built, the native one):
+   prompts of the shipped sets and MT-bench, tokenized by the target, indexed as requests until
+   the history holds --index-tokens tokens; reported: indexing tokens/s, lookups/s (a tree of up
+   to 12 nodes, 4 paths, after each appended token, as `auto` asks), index keys and entries, and
+   bytes (Python: tracemalloc's count of what the index allocated; native: what its C code
+   allocated, from its stats()). --index-only stops there.
 2. Oracle: for each prompt of --prompts (chat-formatted as `edge-eagle bench` does: second turns
    after the target's own first answer, recorded sessions as given), plain greedy decoding's
    answer; then, position by position, the suffix lookup `auto` would see (this prompt, earlier
@@ -55,11 +57,11 @@ from edge_eagle.policy import LOOKUP, DraftPolicy, Plan  # noqa: E402
 from edge_eagle.sampling import Sampler, SamplingParams  # noqa: E402
 from edge_eagle.speculative import speculate  # noqa: E402
 from edge_eagle.stats import SpecStats, spread  # noqa: E402
-from edge_eagle.suffix import SuffixIndex  # noqa: E402
+from edge_eagle.suffix import NativeSuffixIndex, SuffixIndex, native_available, new_index  # noqa: E402
 from edge_eagle.system import cpu_name  # noqa: E402
 
 
-def index_costs(ee: EdgeEagle, total: int) -> dict:
+def index_costs(ee: EdgeEagle, total: int, make: Callable[..., SuffixIndex] = SuffixIndex) -> dict:
     texts = []
     for name in ("mtbench", "repeat", "humaneval"):
         for p in load_prompts(name):
@@ -69,13 +71,15 @@ def index_costs(ee: EdgeEagle, total: int) -> dict:
         stream.append(texts[i % len(texts)])
         i += 1
     tracemalloc.start()
-    ix = SuffixIndex(max_tokens=total)
+    ix = make(max_tokens=total)
     t0 = time.perf_counter()
     for t in stream:
         ix.finish(t)
     index_s = time.perf_counter() - t0
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
+    if isinstance(ix, NativeSuffixIndex):  # tracemalloc sees Python's allocations only
+        held = ix.stats()["approx_bytes"]
     probe = [t for text in texts[3:40:3] for t in text]  # a request quoting earlier ones: ~2,000 lookups
     gc.collect()
     t0 = time.perf_counter()
@@ -111,7 +115,7 @@ def at_context(costs: CostModel) -> Callable[[int, int], float]:
 
 
 def oracle(pairs, costs: CostModel) -> list[float]:
-    ix = SuffixIndex()
+    ix = new_index()
     at = at_context(costs)
     ratios = []
     for ids, out in pairs:
@@ -138,7 +142,7 @@ def replay(pairs, costs: CostModel, flat: bool = False,
     everywhere (no slopes), as it did before costs followed the context. clock: [seconds] the
     controller's plan() and update() took in all (here, with warm caches: a live loop pays
     more, right after llama.cpp's kernels)."""
-    ix = SuffixIndex()
+    ix = new_index()
     model = CostModel(verify_s=dict(costs.verify_s)) if flat else copy.deepcopy(costs)
     ctl = KController(k_max=8, costs=model, lookup=ix, lookup_max=8,
                       lookup_nodes=LOOKUP_NODES, lookup_paths=LOOKUP_PATHS,
@@ -192,7 +196,7 @@ class SuffixEveryCycle(DraftPolicy):
 def equality(ee: EdgeEagle, pairs) -> dict:
     """Suffix drafts on every cycle against plain decoding's answers: equal texts, and where a
     text differs, the first differing token and the top-2 logit gap there."""
-    ix, equal, differ = SuffixIndex(), 0, []
+    ix, equal, differ = new_index(), 0, []
     for i, (ids, out) in enumerate(tqdm(pairs, desc="equality", file=sys.stderr)):
         got: list[int] = []
         for new, _ in speculate(ee.target, NO_DRAFTER, ids, max_tokens=len(out), policy=SuffixEveryCycle(ix),
@@ -229,13 +233,20 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--index-tokens", type=int, default=100_000)
     ap.add_argument("--n-ctx", type=int, default=4096, help="context window (prompts are cut to fit, as bench does)")
+    ap.add_argument("--index-only", action="store_true", help="measure the index's costs only")
     ap.add_argument("--json")
     args = ap.parse_args()
     bench = Bench(BenchOptions(prompts=args.prompts, drafters=[], ks=[], auto=False, upstream=False,
                                prompt_lookup_k=None, memory=False, max_tokens=args.n, n_ctx=args.n_ctx))
     try:
         ee = bench.engines[0]
-        index = index_costs(ee, args.index_tokens)
+        index = {"python": index_costs(ee, args.index_tokens)}
+        if native_available():
+            index["native"] = index_costs(ee, args.index_tokens, NativeSuffixIndex)
+        if args.index_only:
+            emit_report({"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
+                         "index": index}, args.json)
+            return 0
         pairs = answers(bench, load_prompts(args.prompts, args.limit, args.every), args.n)
         # the costs of the attention setting the answers ran with (routed by prompt length)
         ee.route_attention(sorted(len(ids) for ids, _ in pairs)[len(pairs) // 2])
