@@ -13,7 +13,8 @@ Per cycle (plan()), the same comparison covers two more proposers:
 - suffix lookup (suffix.py): when the committed text's last n tokens occurred before, in this
   request or in earlier ones, a draft tree of what followed costs c(m+1) for m nodes (no drafter
   work). Its first-choice path's acceptance is modelled per match length n (1, 2, 3, 4-7, 8-15,
-  16-31, 32: a long match means the text is being copied) and per source (this request's own
+  16-31, 32: a long match means the text is being copied; at 32, one rate for every depth, see
+  POOLED_MATCH) and per source (this request's own
   text, or only earlier requests': a phrase another answer used is weaker evidence; a long match
   into this request's text starts from a prior of 0.8, others from 0.5), counting at most one token
   before this request's answer: every answer starts after the same chat-template tokens, so a match
@@ -59,6 +60,14 @@ COST_CONTEXT_STEP = 64  # costs are taken at the context rounded down to this ma
 #: over the agent sessions, repeat, MT-bench second and first turns: 1.199, 1.180, 1.156, 0.984
 #: with 0.5 against 1.238, 1.201, 1.172, 0.982 with 0.8
 LONG_MATCH_PRIOR = 0.8
+#: a match this long (extended backwards: 32 tokens) is a copy, whose draft breaks off at any depth
+#: with about the same chance: its model keeps one rate for all depths, from every depth's
+#: evidence, so a copy's deep positions are not stuck near the prior while only short drafts were
+#: taken. Policy replay (scripts/bench_suffix.py's), geometric means, per-depth rates -> one:
+#: agent sessions 1.439 -> 1.445, repeat 1.179 -> 1.194, MT-bench second turns 1.220 -> 1.238,
+#: first turns 0.996 -> 0.996; not used to choose it: HumanEval 1.121 -> 1.121, other selections
+#: of first and second turns 1.004 -> 1.004 and 1.149 -> 1.152 (16 and up: 1.436, 1.194, 1.217)
+POOLED_MATCH = 32
 
 
 @dataclass
@@ -72,6 +81,9 @@ class AcceptanceModel:
     prior_weight: float = 1.0
     #: a position never observed borrows the deepest observed one's rate (else: the prior)
     borrow: bool = True
+    #: one rate for every position, from all positions' counts (a copy breaks off at any
+    #: position with about the same chance)
+    pooled: bool = False
     hits: list[float] = field(default_factory=list)
     seen: list[float] = field(default_factory=list)
     #: every position's rate, kept until the next observation (the controller reads them each cycle)
@@ -96,7 +108,11 @@ class AcceptanceModel:
     def _table(self) -> list[float]:
         rates = self._rates
         if rates is None:
-            rates = self._rates = [self._rate(i) for i in range(self.k_max)]
+            if self.pooled:
+                rate = (sum(self.hits) + self.prior * self.prior_weight) / (sum(self.seen) + self.prior_weight)
+                rates = self._rates = [rate] * self.k_max
+            else:
+                rates = self._rates = [self._rate(i) for i in range(self.k_max)]
         return rates
 
     def rate(self, i: int) -> float:
@@ -280,7 +296,7 @@ class KController(DraftPolicy):
             # 0.991x live; the history's matches now learn apart and keep 0.5.)
             prior = LONG_MATCH_PRIOR if n >= 8 and not history else 0.5
             self._lookup_models[key] = AcceptanceModel(self.lookup_max, alpha=self.lookup_alpha, prior=prior,
-                                                       borrow=n >= 4)
+                                                       borrow=n >= 4, pooled=n >= POOLED_MATCH)
         return self._lookup_models[key]
 
     def lookup_speedup(self, n: int, m: int, history: bool = False, split: bool = False) -> float:

@@ -477,3 +477,23 @@ def test_a_match_is_split_only_where_what_followed_it_differs():
     live = SuffixIndex()
     assert not live.split(live.match([1, 2, 1, 2]))  # the only earlier 1 2 is followed by 1
     assert live.split(live.match([1, 2, 1, 2, 3, 1, 2]))  # 1 2 went on as 1, then as 3
+
+
+def test_a_copy_of_32_tokens_or_more_has_one_rate_at_every_depth():
+    """A copy breaks off at any depth with about the same chance: the model of matches of 32 tokens
+    or more pools every depth's evidence into one rate, so short drafts that all held make its deep
+    positions as likely as its first; a shorter match's model keeps a rate per depth."""
+    from edge_eagle.controller import POOLED_MATCH, AcceptanceModel
+
+    ctl = KController(k_max=8, costs=CostModel(verify_s={n: 0.01 * n for n in range(1, 18)}))
+    copy, short = ctl._lookup_model(POOLED_MATCH), ctl._lookup_model(POOLED_MATCH - 1)
+    assert copy.pooled and not short.pooled and ctl._lookup_model(POOLED_MATCH + 7) is copy
+    for model in (copy, short):
+        for _ in range(20):
+            model.observe(3, 3)  # three-token drafts, all accepted
+        model.observe(8, 4)  # one long draft that broke off at its fifth token: the only one seen there
+    assert copy.rates == [copy.rate(0)] * 8 and copy.rate(7) > 0.9
+    assert short.rate(7) == short.rate(4) < 0.5 and short.rate(0) > 0.9
+    pooled = AcceptanceModel(4, prior=0.5, pooled=True)
+    pooled.observe(4, 1)  # seen at depths 0 and 1, accepted at depth 0
+    assert pooled.rate(3) == pytest.approx((1 + 0.5) / (2 + 1))
