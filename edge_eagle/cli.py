@@ -197,7 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         draft_model=args.draft_model, draft_model_k=args.draft_model_k, n_ctx=args.n_ctx,
                         ngram=args.ngram,
                         threads=args.n_threads, memory=not args.no_memory, repack=args.repack,
-                        flash_attn=args.flash_attn)
+                        flash_attn=args.flash_attn, rounds=args.rounds)
     report = run_bench(opts, progress=not args.quiet)
     written = write_all(report, Path(args.out), Path(args.json) if args.json else None)
     print(markdown(report))
@@ -591,6 +591,8 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--draft-model", help="a small draft GGUF for the target (classic speculative decoding)")
     b.add_argument("--draft-model-k", type=int, default=3)
     b.add_argument("--no-memory", action="store_true", help="skip the peak-RSS phase")
+    b.add_argument("--rounds", type=int, default=1, help="decode each prompt this many times per runner, in rotating "
+                   "order, and keep each runner's median-speed run (default 1)")
     b.add_argument("--out", default="bench-out", help="directory for bench.json, bench.md and the plots")
     b.add_argument("--json", help="also write the JSON report here")
     b.add_argument("--quiet", action="store_true", help="no progress bar")

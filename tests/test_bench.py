@@ -334,3 +334,39 @@ def test_llama_cpps_tools_read_a_prompt_with_backslashes_as_it_is(tiny_target, u
         assert "rg -n" not in result.text  # the echo they print matched ours and was cut off
     finally:
         bench.close()
+
+
+def test_rounds_rotate_the_runners_and_keep_each_ones_median_run(tiny_target, tiny_drafters):
+    """--rounds: every runner decodes a prompt once a round, the order rotating by prompt and by
+    round; each keeps its median-speed run; and auto's engine history receives one answer per
+    prompt (its last round's), so no round drafts from an earlier round's answer."""
+    from edge_eagle.bench.prompts import BenchPrompt
+    from edge_eagle.bench.run import _prompt_rounds, median_run
+    from edge_eagle.errors import EdgeEagleError
+
+    with pytest.raises(EdgeEagleError, match="--rounds must be 1 or more"):
+        run_bench(BenchOptions(rounds=0))
+    runs = [RunResult(text=str(s), tokens=None, generated=10, seconds=10 / s) for s in (50.0, 10.0, 30.0, 20.0)]
+    assert median_run(runs).tokens_per_second == pytest.approx(20.0)  # the lower middle one of four
+    assert median_run(runs[:3]).tokens_per_second == pytest.approx(30.0)
+    bench = Bench(BenchOptions(target=str(tiny_target), drafters=[str(tiny_drafters["eagle3.1"][0])], ks=[1],
+                               auto=True, upstream=False, prompt_lookup_k=None, n_ctx=512, max_tokens=12,
+                               memory=False))
+    try:
+        names = [r.name for r in bench.runners]
+        assert names == ["plain", "edge-eagle k=1", "edge-eagle auto"]
+        engine = bench.engines[0]
+        engine.reset_history()
+        order: list[str] = []
+        for i, text in enumerate(["Tell me about the sea.", "Name three colours."]):
+            ids, shown = bench.prompt_tokens(BenchPrompt(str(i), "x", text))
+            got = _prompt_rounds(bench.runners, i, 3, ids, shown, 12, lambda r: order.append(r.name), lambda: None)
+            assert set(got) == set(names) and all(g.generated > 0 for g in got.values())
+            assert engine.suffix.stats()["texts"] == i + 1  # one answer per prompt joined the history
+        # prompt 0: rounds start at runner 0, 1, 2; prompt 1: at runner 1, 2, 0
+        starts = [order[j] for j in range(0, len(order), len(names))]
+        assert starts == [names[0], names[1], names[2], names[1], names[2], names[0]]
+        assert all(sorted(order[j:j + 3]) == sorted(names) for j in range(0, len(order), 3))
+        assert [r.history for r in bench.runners] == [False, False, True]  # restored after the rounds
+    finally:
+        bench.close()

@@ -29,6 +29,9 @@ class BenchOptions:
     repack: str | None = None  # llama.cpp's CPU weight repacking for every runner (None: $EDGE_EAGLE_REPACK or auto)
     flash_attn: str | None = None  # llama.cpp's flash attention for every runner (None: auto, system.decide_flash_attn)
     memory: bool = True  # measure each runner's peak RSS in a child process
+    #: times every runner decodes each prompt, in rotating order; a prompt's result per runner is
+    #: its run with the median tokens/s (single runs on a noisy desktop swing by 5-10% a prompt)
+    rounds: int = 1
     warmup: bool = True
 
 

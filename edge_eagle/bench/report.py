@@ -25,8 +25,10 @@ def markdown(report: dict[str, Any]) -> str:
         + (f"; flash attention {m['flash_attn']}" if m.get("flash_attn") else "")
         + (f"; other programs' load during the runs: {m['other_load_during_run']} cores"
            if m.get("other_load_during_run") is not None else "") + ".",
-        "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt: "
-        "median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
+        "Speedup = per-prompt tokens/s ratio against plain decoding, runners interleaved prompt by prompt"
+        + (f" and round by round ({s['rounds']} rounds, each runner's median-speed run per prompt)"
+           if s.get("rounds", 1) > 1 else "")
+        + ": median (min–max). Predicted = cost model tau / (c(k+1) + k·d) with this machine's c(n); "
         "memory-bound = the same with c(n) = 1 for n ≤ 8. Greedy = plain: outputs identical to plain "
         "decoding; near-tie: they differ first where the target's top-2 logits are closer than llama.cpp's "
         f"own batch-shape noise on this model ({_fmt(report.get('numeric_noise_logits'), '.2f')} logits, "

@@ -1,5 +1,6 @@
-"""`edge-eagle bench`: every runner on the same prompts, interleaved prompt by prompt; then
-the memory phase, the divergence check and the report (summary.py)."""
+"""`edge-eagle bench`: every runner on the same prompts, interleaved prompt by prompt (and round
+by round, with --rounds); then the memory phase, the divergence check and the report
+(summary.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import dataclasses
 import os
 import platform
 import sys
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..costs import measure_batch_costs
+from ..errors import EdgeEagleError
 from ..threads import LoadMeter, current_decision, decide
 from .divergence import divergences
 from .memory import memory_phase
 from .options import BenchOptions
 from .prompts import load_prompts
-from .runners import RunResult, UpstreamRunner
+from .runners import EngineRunner, Runner, RunResult, UpstreamRunner
 from .suite import Bench
 from .summary import summarize
 
@@ -36,9 +38,45 @@ def _machine(threads: int, repack: str | None, flash_attn: str | None = None, n_
             "flash_attn": system.flash_attn_for(n_gpu_layers, flash_attn).reason}
 
 
+def median_run(runs: Sequence[RunResult]) -> RunResult:
+    """The run with the median tokens/s (the lower of the two middle ones for an even count)."""
+    ordered = sorted(runs, key=lambda r: r.tokens_per_second)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _prompt_rounds(runners: list[Runner], i: int, rounds: int, tokens: list[int], text: str, n: int,
+                   started: Callable[[Runner], None], done: Callable[[], None]) -> dict[str, RunResult]:
+    """Every runner on prompt i, `rounds` times in rotating order; each runner's median run. An
+    engine runner whose answers join its engine's history (auto's) adds only its last round's,
+    so no round drafts from an earlier round's answer to the same prompt."""
+    keeps = {r.name: r.history for r in runners if isinstance(r, EngineRunner)}
+    runs: dict[str, list[RunResult]] = {r.name: [] for r in runners}
+    try:
+        for j in range(rounds):
+            shift = (i + j) % len(runners)  # rotate: no runner always first
+            for r in runners[shift:] + runners[:shift]:
+                if isinstance(r, EngineRunner):
+                    r.history = keeps[r.name] and j == rounds - 1
+                started(r)
+                runs[r.name].append(r.run(tokens, text, n))
+                done()
+    finally:
+        for r in runners:
+            if isinstance(r, EngineRunner):
+                r.history = keeps[r.name]
+    return {name: median_run(found) for name, found in runs.items()}
+
+
+def _shows(bar: Any, label: str) -> Callable[[Runner], None]:
+    """The progress bar's note for a runner's run on the prompt `label`."""
+    return lambda r: bar.set_postfix_str(f"{label}: {r.name}")
+
+
 def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
+    if opts.rounds < 1:
+        raise EdgeEagleError(f"--rounds must be 1 or more, got {opts.rounds}.")
     prompts = load_prompts(opts.prompts, opts.limit, opts.every)
     # the thread policy's count for this machine now, fixed for every runner (a fair comparison)
     decision = current_decision(opts.threads)
@@ -52,8 +90,8 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
     try:
         runners = bench.runners
         n_mem = sum(not isinstance(r, UpstreamRunner) for r in runners) if opts.memory else 0
-        bar = tqdm(total=len(prompts) * len(runners) + n_mem + 2, desc="bench", unit="run", disable=not progress,
-                   file=sys.stderr)
+        bar = tqdm(total=len(prompts) * len(runners) * opts.rounds + n_mem + 2, desc="bench", unit="run",
+                   disable=not progress, file=sys.stderr)
         bar.set_postfix_str("measuring target costs")
         costs = measure_batch_costs(bench.engines[0].target, max([8, *opts.ks, *opts.trees]) + 1, reps=5) or {}
         bar.update(1)
@@ -68,11 +106,11 @@ def run_bench(opts: BenchOptions, progress: bool = True) -> dict[str, Any]:
         for i, p in enumerate(prompts):
             tokens, text = bench.prompt_tokens(p)
             prompt_ids.append(tokens)
-            order = runners[i % len(runners):] + runners[: i % len(runners)]  # rotate: no runner always first
-            for r in order:
-                bar.set_postfix_str(f"{p.category} {p.id}: {r.name}")
-                results[r.name].append(r.run(tokens, text, opts.max_tokens))
-                bar.update(1)
+            label = f"{p.category} {p.id}"
+            medians = _prompt_rounds(runners, i, opts.rounds, tokens, text, opts.max_tokens,
+                                     _shows(bar, label), lambda: bar.update(1))
+            for name, result in medians.items():
+                results[name].append(result)
         peak = memory_phase(bench, prompts[0], bar.update) if opts.memory else {}
         bar.set_postfix_str("checking divergences")
         noise, found = divergences(bench, prompts, prompt_ids, results)
