@@ -595,15 +595,39 @@ static PyObject *Index_match(Index *ix, PyObject *tokens) {
     Py_RETURN_NONE;
 }
 
+/* parse the arguments (n, occ, size, live_id, depth) of `name` into m and depth: 0, or -1 with an
+ * exception */
+static int parse_depth_call(Index *ix, PyObject *const *args, Py_ssize_t nargs, const char *name, match_t *m,
+                            long *depth) {
+    if (!ready(ix)) return -1;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "%s(n, occ, size, live_id, depth)", name);
+        return -1;
+    }
+    if (parse_match(args[0], args[1], args[2], args[3], m) != 0) return -1;
+    *depth = PyLong_AsLong(args[4]);
+    return *depth == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* a new list of the n tokens at v, or NULL with an exception */
+static PyObject *token_list(const int32_t *v, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t j = 0; list && j < n; j++) {
+        PyObject *tok = PyLong_FromLong(v[j]);
+        if (!tok) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, j, tok);
+    }
+    return list;
+}
+
 /* continuations(n, occ, size, live_id, depth) -> [(match length, [tokens that followed]), ...] */
 static PyObject *Index_continuations(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
     match_t m;
-    if (!ready(ix) || nargs != 5 || parse_match(args[0], args[1], args[2], args[3], &m) != 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "continuations(n, occ, size, live_id, depth)");
-        return NULL;
-    }
-    const long depth = PyLong_AsLong(args[4]);
-    if (depth == -1 && PyErr_Occurred()) return NULL;
+    long depth;
+    if (parse_depth_call(ix, args, nargs, "continuations", &m, &depth) != 0) return NULL;
     PyObject *out = PyList_New(0);
     if (!out || !text_get(ix, m.live_id) || depth < 0) return out;
     int32_t *follow = malloc(((size_t)depth + 1) * sizeof(int32_t));
@@ -615,8 +639,7 @@ static PyObject *Index_continuations(Index *ix, PyObject *const *args, Py_ssize_
         int len;
         const Py_ssize_t got = continuation(ix, &m, i, (int)depth, &len, follow);
         if (got < 0) continue;
-        PyObject *list = PyList_New(got);
-        for (Py_ssize_t j = 0; list && j < got; j++) PyList_SET_ITEM(list, j, PyLong_FromLong(follow[j]));
+        PyObject *list = token_list(follow, got);
         PyObject *pair = list ? Py_BuildValue("(iN)", len, list) : NULL;
         if (!pair || PyList_Append(out, pair) != 0) {
             Py_XDECREF(pair);
@@ -658,12 +681,8 @@ static PyObject *Index_split(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 /* first_path(n, occ, size, live_id, depth) -> the first-choice path (PySuffixIndex.first_path) */
 static PyObject *Index_first_path(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
     match_t m;
-    if (!ready(ix) || nargs != 5 || parse_match(args[0], args[1], args[2], args[3], &m) != 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "first_path(n, occ, size, live_id, depth)");
-        return NULL;
-    }
-    long depth = PyLong_AsLong(args[4]);
-    if (depth == -1 && PyErr_Occurred()) return NULL;
+    long depth;
+    if (parse_depth_call(ix, args, nargs, "first_path", &m, &depth) != 0) return NULL;
     if (depth < 0 || !text_get(ix, m.live_id)) return PyList_New(0);
     if (depth > 4096) depth = 4096;
     int32_t *follow = malloc((size_t)(m.n_occ ? m.n_occ : 1) * ((size_t)depth + 1) * sizeof(int32_t));
@@ -709,8 +728,7 @@ static PyObject *Index_first_path(Index *ix, PyObject *const *args, Py_ssize_t n
             alive[r] = alive[r] && j < got[r] && weight_of[r] == best;
     }
     free(follow);
-    PyObject *list = PyList_New(out);
-    for (long j = 0; list && j < out; j++) PyList_SET_ITEM(list, j, PyLong_FromLong(path[j]));
+    PyObject *list = token_list(path, out);
     free(path);
     return list;
 }

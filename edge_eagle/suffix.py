@@ -78,13 +78,18 @@ class Match:
 NGRAMS = (1, 2, 3, 4, 6, 8)  # the suffix lengths indexed; a match is then extended token by token
 _LONGEST_FIRST = tuple(reversed(NGRAMS))
 _SHIFT = 1 << 32  # an occurrence is one int: text id * _SHIFT + end position
+NATIVE_OCCURRENCES = range(2, 65)  # the max_occurrences the C index keeps (_suffix.c's MAX_OCC)
+
+
+def _check_cap(max_tokens: int) -> None:
+    if max_tokens < 0:
+        raise EdgeEagleError(f"The history's cap must be 0 tokens or more, got {max_tokens}.")
 
 
 class SuffixIndex:
     def __init__(self, max_occurrences: int = 8, extend_max: int = 32, max_tokens: int = 200_000,
                  history: bool = True):
-        if max_tokens < 0:
-            raise EdgeEagleError(f"The history's cap must be 0 tokens or more, got {max_tokens}.")
+        _check_cap(max_tokens)
         self.max_ngram = NGRAMS[-1]
         self.max_occurrences, self.extend_max = max_occurrences, extend_max
         self.max_tokens, self.history = max_tokens, history
@@ -401,9 +406,8 @@ class NativeSuffixIndex(SuffixIndex):
 
     def __init__(self, max_occurrences: int = 8, extend_max: int = 32, max_tokens: int = 200_000,
                  history: bool = True):
-        if max_tokens < 0:
-            raise EdgeEagleError(f"The history's cap must be 0 tokens or more, got {max_tokens}.")
-        if not 2 <= max_occurrences <= 64:
+        _check_cap(max_tokens)
+        if max_occurrences not in NATIVE_OCCURRENCES:
             raise EdgeEagleError(f"The native suffix index keeps 2 to 64 occurrences an n-gram, got {max_occurrences}; "
                                  "use SuffixIndex for other values.")
         core = _core_module()
@@ -439,15 +443,15 @@ class NativeSuffixIndex(SuffixIndex):
         return self._core.continuations(match.n, match.occ, match.size, match.live_id, depth)
 
     def split(self, match: Match) -> bool:
-        return bool(self._core.split(match.occ, match.size, match.live_id))
+        return self._core.split(match.occ, match.size, match.live_id)  # a bool
 
     def first_path(self, match: Match, depth: int) -> list[int]:
-        return list(self._core.first_path(match.n, match.occ, match.size, match.live_id, depth))
+        return self._core.first_path(match.n, match.occ, match.size, match.live_id, depth)  # a new list
 
     def stats(self) -> dict[str, int]:
         """As SuffixIndex.stats(); approx_bytes is what the C index allocated (its table at up to
         70% load, the occurrence chunks, and the texts)."""
-        return dict(self._core.stats())
+        return self._core.stats()  # a new dict
 
 
 def _core_module():
@@ -468,6 +472,6 @@ def new_index(max_occurrences: int = 8, extend_max: int = 32, max_tokens: int = 
               history: bool = True) -> SuffixIndex:
     """A suffix index: the native one where it is available (native_available()), else the Python
     one; both propose the same drafts."""
-    if native_available() and 2 <= max_occurrences <= 64:
+    if native_available() and max_occurrences in NATIVE_OCCURRENCES:
         return NativeSuffixIndex(max_occurrences, extend_max, max_tokens, history)
     return SuffixIndex(max_occurrences, extend_max, max_tokens, history)
