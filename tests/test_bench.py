@@ -4,6 +4,7 @@ outputs), and the pieces its numbers come from."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def test_bench_cli_end_to_end_on_tiny_models(tmp_path, prompt_file, tiny_target,
     def same_as(text: str, ref: str) -> bool:
         return text.startswith(ref) if len(text) >= len(ref) else ref.startswith(text)
     common = sum(all(same_as(t[i], texts[0][i]) for t in texts) for i in range(3))
+    # each prompt's own ratio, of which the runner's speedup is the median
+    for r in report["runners"]:
+        per = [o["speedup"] for o in r["outputs"]]
+        assert r["speedup"] == pytest.approx(statistics.median(per), abs=1e-3), r["name"]
+        assert sum(o["greedy_equals_plain"] for o in r["outputs"]) == r["greedy_equals_plain"]["equal"]
     assert {r["speedup_same_text"]["prompts"] for r in report["runners"]} == {common}
     assert common <= min(r["greedy_equals_plain"]["equal"] for r in report["runners"])
     if common:
