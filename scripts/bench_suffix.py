@@ -25,6 +25,9 @@
    with a controller that believes the first context's c(n) everywhere (replay_flat_costs).
    Greedy verification commits the same answer whichever the choice, so the replay needs no
    decoding. Costs (c(n) and its growth with the context) are measured afresh.
+4. A projection for memory-bound hardware (a GPU's shape; not measured here): the oracle and
+   the replay again with c(n) = 1 up to 8 tokens and n / 8 beyond (costs.memory_bound_cost),
+   at every context.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from edge_eagle.bench.options import BenchOptions  # noqa: E402
 from edge_eagle.bench.prompts import load_prompts  # noqa: E402
 from edge_eagle.bench.suite import Bench  # noqa: E402
 from edge_eagle.controller import AcceptanceModel, KController  # noqa: E402
-from edge_eagle.costs import CostModel  # noqa: E402
+from edge_eagle.costs import MEMORY_BOUND_MAX_N, CostModel, memory_bound_cost  # noqa: E402
 from edge_eagle.drafter import NO_DRAFTER  # noqa: E402
 from edge_eagle.fsutil import emit_report  # noqa: E402
 from edge_eagle.policy import LOOKUP, DraftPolicy, Plan  # noqa: E402
@@ -132,6 +135,13 @@ def oracle(pairs, costs: CostModel) -> list[float]:
         ix.finish(ids + out)
         ratios.append(tokens / cost if cost else 1.0)
     return ratios
+
+
+def memory_bound(costs: CostModel) -> CostModel:
+    """This CPU's single step, with c(n) of memory-bound hardware (costs.memory_bound_cost) at
+    every context: the costs of a projection."""
+    one = costs.verify_s[1]
+    return CostModel(verify_s={n: one * memory_bound_cost(n) for n in range(1, 2 * LOOKUP_NODES + 2)})
 
 
 def replay(pairs, costs: CostModel, flat: bool = False,
@@ -259,6 +269,11 @@ def main() -> int:
     clock = [0.0]
     chosen, lookups, cycles = replay(pairs, costs, clock=clock)
     flat, flat_lookups, _ = replay(pairs, costs, flat=True)
+    # the same drafts where a batch of up to MEMORY_BOUND_MAX_N tokens costs one step (a GPU's
+    # shape, projected: no GPU measured it here)
+    bound = memory_bound(costs)
+    bound_best = oracle(pairs, bound)
+    bound_chosen, bound_lookups, bound_cycles = replay(pairs, bound)
     report = {"cpu": cpu_name(), "command": "python scripts/bench_suffix.py " + " ".join(sys.argv[1:]),
               "index": index, "c": {m: round(costs.c(m), 3) for m in range(1, 18)},
               "prompts": args.prompts, "count": len(pairs), "oracle": spread(best),
@@ -269,6 +284,11 @@ def main() -> int:
                          "geometric_mean": round(statistics.geometric_mean(chosen), 4),
                          "plan_us_per_cycle": round(clock[0] / max(1, cycles) * 1e6, 1)},
               "replay_flat_costs": {**spread(flat), "lookup_cycles": flat_lookups},
+              "memory_bound_projection": {
+                  "c": f"1 up to {MEMORY_BOUND_MAX_N} tokens, n / {MEMORY_BOUND_MAX_N} beyond",
+                  "oracle": {**spread(bound_best), "geometric_mean": round(statistics.geometric_mean(bound_best), 4)},
+                  "replay": {**spread(bound_chosen), "lookup_cycles": bound_lookups, "cycles": bound_cycles,
+                             "geometric_mean": round(statistics.geometric_mean(bound_chosen), 4)}},
               "suffix_drafts_equal_plain": same}
     emit_report(report, args.json)
     return 0
