@@ -101,15 +101,7 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
             cats.setdefault(p.category, []).append(ratio)
         entry["speedup_by_category"] = {c: round(statistics.median(v), 4) for c, v in sorted(cats.items())}
         # what each prompt gave: for comparing runs of two versions, or reading the outputs
-        entry["outputs"] = [{"prompt": p.id, "text": x.text, "generated": x.generated,
-                             "tokens_per_second": round(x.tokens_per_second, 3),
-                             "speedup": (round(x.tokens_per_second / pl.tokens_per_second, 4)
-                                         if pl.tokens_per_second > 0 else None),
-                             "greedy_equals_plain": eq_here,
-                             "verify_steps": x.stats.verify_steps if x.stats else None,
-                             "drafted": x.stats.drafted if x.stats else None,
-                             "accepted": x.stats.accepted if x.stats else None}
-                            for p, x, pl, eq_here in zip(prompts, rs, plain, equal[r.name])]
+        entry["outputs"] = outputs(prompts, rs, plain, equal[r.name])
         runners_out.append(entry)
     plain_rss = next((e["peak_rss_mb"] for e in runners_out if e["name"] == "plain"), None)
     for e in runners_out:
@@ -131,6 +123,19 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
         "numeric_noise_logits": noise,
         "skipped": bench.skipped,
     }
+
+
+def outputs(prompts: list[BenchPrompt], rs: list[RunResult], plain: list[RunResult],
+            equal: list[bool]) -> list[dict[str, Any]]:
+    """Each prompt's text, speed against plain decoding, greedy equality and counts."""
+    return [{"prompt": p.id, "text": x.text, "generated": x.generated,
+             "tokens_per_second": round(x.tokens_per_second, 3),
+             "speedup": round(x.tokens_per_second / pl.tokens_per_second, 4) if pl.tokens_per_second > 0 else None,
+             "greedy_equals_plain": same,
+             "verify_steps": x.stats.verify_steps if x.stats else None,
+             "drafted": x.stats.drafted if x.stats else None,
+             "accepted": x.stats.accepted if x.stats else None}
+            for p, x, pl, same in zip(prompts, rs, plain, equal)]
 
 
 def predict(r: Runner, entry: dict[str, Any], c_rel: dict[int, float], d_rel: dict[str, float]) -> dict[str, Any]:
