@@ -54,7 +54,10 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
         rs = results[r.name]
         gen = sum(x.generated for x in rs)
         secs = sum(x.seconds for x in rs)
-        ratios = [x.tokens_per_second / p.tokens_per_second for x, p in zip(rs, plain) if p.tokens_per_second > 0]
+        # each prompt's ratio to plain decoding (None where plain decoding took no time to measure)
+        per_prompt = [x.tokens_per_second / p.tokens_per_second if p.tokens_per_second > 0 else None
+                      for x, p in zip(rs, plain)]
+        ratios = [v for v in per_prompt if v is not None]
         entry: dict[str, Any] = {"name": r.name, "kind": r.kind, "k": r.k,
                                  "drafter": label(r.drafter) if r.drafter else None,
                                  "tokens_per_second": round(gen / secs, 3) if secs else 0.0}
@@ -97,11 +100,12 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
         entry["speedup_same_text"] = {**spread(paired), "prompts": len(paired)}
         entry.update(predict(r, entry, c_rel, d_rel))
         cats: dict[str, list[float]] = {}
-        for p, ratio in zip(prompts, ratios):
-            cats.setdefault(p.category, []).append(ratio)
+        for p, ratio in zip(prompts, per_prompt):
+            if ratio is not None:
+                cats.setdefault(p.category, []).append(ratio)
         entry["speedup_by_category"] = {c: round(statistics.median(v), 4) for c, v in sorted(cats.items())}
         # what each prompt gave: for comparing runs of two versions, or reading the outputs
-        entry["outputs"] = outputs(prompts, rs, plain, equal[r.name])
+        entry["outputs"] = outputs(prompts, rs, per_prompt, equal[r.name])
         runners_out.append(entry)
     plain_rss = next((e["peak_rss_mb"] for e in runners_out if e["name"] == "plain"), None)
     for e in runners_out:
@@ -125,17 +129,17 @@ def summarize(bench: Bench, prompts: list[BenchPrompt], results: dict[str, list[
     }
 
 
-def outputs(prompts: list[BenchPrompt], rs: list[RunResult], plain: list[RunResult],
+def outputs(prompts: list[BenchPrompt], rs: list[RunResult], speedups: list[float | None],
             equal: list[bool]) -> list[dict[str, Any]]:
     """Each prompt's text, speed against plain decoding, greedy equality and counts."""
     return [{"prompt": p.id, "text": x.text, "generated": x.generated,
              "tokens_per_second": round(x.tokens_per_second, 3),
-             "speedup": round(x.tokens_per_second / pl.tokens_per_second, 4) if pl.tokens_per_second > 0 else None,
+             "speedup": None if speedup is None else round(speedup, 4),
              "greedy_equals_plain": same,
              "verify_steps": x.stats.verify_steps if x.stats else None,
              "drafted": x.stats.drafted if x.stats else None,
              "accepted": x.stats.accepted if x.stats else None}
-            for p, x, pl, same in zip(prompts, rs, plain, equal)]
+            for p, x, speedup, same in zip(prompts, rs, speedups, equal)]
 
 
 def predict(r: Runner, entry: dict[str, Any], c_rel: dict[int, float], d_rel: dict[str, float]) -> dict[str, Any]:
